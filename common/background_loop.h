@@ -1,0 +1,85 @@
+// horovod_cpp — Apache-2.0
+#pragma once
+// The background loop: the one thread per process that negotiates and communicates.
+//
+// Threading model of the core
+//  * Framework threads call the public API: they validate input, put entries into the
+//    TensorQueue, and wait on the HandleTable. They never call MPI.
+//  * The background thread ("hvd-bg", this class) initialises the backend (MPI_Init_thread if
+//    the program has not; Open MPI then provides MPI_THREAD_MULTIPLE), and then, once per
+//    cycle: waits for work, runs the Controller's negotiation, plans fusion, executes the
+//    agreed responses through the OpExecutor and fires the callbacks. It is the only thread
+//    that calls the Backend; the Controller, Coordinator, ResponseCache and OpExecutor are
+//    owned by it.
+//  * Shared state between the two kinds of thread lives only in TensorQueue and HandleTable
+//    (each behind one mutex) and in relaxed atomic counters.
+//
+// Waiting: the thread sleeps on the TensorQueue's condition variable. Enqueueing wakes it at
+// once, so a lone small tensor is not held for a cycle. Otherwise it wakes after
+// HOROVOD_CYCLE_TIME while any rank has work outstanding, and after kIdleWait when no rank
+// has: an idle job costs a few negotiation rounds per second, not a thousand.
+//
+// Stopping: Stop() asks for a negotiated shutdown; the request rides the next cycle's vote,
+// every rank leaves the loop after that cycle, and every entry still queued completes with
+// ABORTED. A transport error also ends the loop (with that error on every pending entry).
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/config.h"
+#include "common/counters.h"
+#include "common/tensor_queue.h"
+#include "common/thread_annotations.h"
+#include "ops/backend.h"
+
+namespace hvd {
+
+class BackgroundLoop {
+ public:
+  // How long an idle rank (no work outstanding on any rank) sleeps between cycles. It bounds
+  // how long a shutdown on another rank takes to propagate to an idle rank.
+  static constexpr std::chrono::milliseconds kIdleWait{100};
+
+  BackgroundLoop(TensorQueue* queue, Counters* counters);
+  ~BackgroundLoop();
+  BackgroundLoop(const BackgroundLoop&) = delete;
+  BackgroundLoop& operator=(const BackgroundLoop&) = delete;
+
+  // Starts the thread, which initialises `backend` and agrees on the configuration with the
+  // other ranks (rank 0's values win). Blocks until that is done; returns its status.
+  Status Start(const Config& config, std::unique_ptr<ops::Backend> backend);
+  // Requests a negotiated shutdown, joins the thread and finalises the backend.
+  void Stop();
+  // The loop is running (started, and not ended by a shutdown or an error).
+  bool running() const;
+  // Valid after a successful Start.
+  const ops::Topology& topology() const { return topology_; }
+  // Why the loop ended (empty while running).
+  std::string end_reason() const;
+
+ private:
+  void ThreadMain();
+  Status SyncConfig();
+  Status Loop();
+  void Finish(const Status& why);
+
+  TensorQueue* queue_;
+  Counters* counters_;
+  Config config_;
+  std::unique_ptr<ops::Backend> backend_;
+  ops::Topology topology_;
+  std::thread thread_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool init_done_ HVD_GUARDED_BY(mu_) = false;
+  Status init_status_ HVD_GUARDED_BY(mu_);
+  bool running_ HVD_GUARDED_BY(mu_) = false;
+  std::string end_reason_ HVD_GUARDED_BY(mu_);
+};
+
+}  // namespace hvd

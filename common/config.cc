@@ -1,0 +1,201 @@
+// horovod_cpp — Apache-2.0
+#include "common/config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+namespace hvd {
+namespace {
+
+std::string Trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+Status BadValue(const char* name, const std::string& value, const std::string& expected) {
+  return Status::InvalidArgument(std::string(name) + "='" + value + "' is not valid: expected " +
+                                 expected);
+}
+
+Result<int64_t> ParseInt(const char* name, const std::string& raw, int64_t lo, int64_t hi,
+                         const char* unit) {
+  std::string v = Trim(raw);
+  std::string expected = std::string("an integer (") + unit + ") in [" + std::to_string(lo) +
+                         ", " + std::to_string(hi) + "]";
+  if (v.empty()) return BadValue(name, raw, expected);
+  errno = 0;
+  char* end = nullptr;
+  long long parsed = std::strtoll(v.c_str(), &end, 10);
+  if (errno != 0 || end != v.c_str() + v.size()) return BadValue(name, raw, expected);
+  if (parsed < lo || parsed > hi) return BadValue(name, raw, expected);
+  return static_cast<int64_t>(parsed);
+}
+
+Result<double> ParseDouble(const char* name, const std::string& raw, double lo, double hi,
+                           const char* unit) {
+  std::string v = Trim(raw);
+  std::ostringstream expected;
+  expected << "a number (" << unit << ") in [" << lo << ", " << hi << "]";
+  if (v.empty()) return BadValue(name, raw, expected.str());
+  errno = 0;
+  char* end = nullptr;
+  double parsed = std::strtod(v.c_str(), &end);
+  if (errno != 0 || end != v.c_str() + v.size() || !std::isfinite(parsed) || parsed < lo ||
+      parsed > hi) {
+    return BadValue(name, raw, expected.str());
+  }
+  return parsed;
+}
+
+Result<bool> ParseBool(const char* name, const std::string& raw) {
+  std::string v = Lower(Trim(raw));
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  return BadValue(name, raw, "one of 1, 0, true, false, yes, no, on, off");
+}
+
+Result<LogLevel> ParseLogLevel(const char* name, const std::string& raw) {
+  std::string v = Lower(Trim(raw));
+  if (v == "trace") return LogLevel::kTrace;
+  if (v == "debug") return LogLevel::kDebug;
+  if (v == "info") return LogLevel::kInfo;
+  if (v == "warning" || v == "warn") return LogLevel::kWarning;
+  if (v == "error") return LogLevel::kError;
+  if (v == "fatal") return LogLevel::kFatal;
+  return BadValue(name, raw, "one of trace, debug, info, warning, error, fatal");
+}
+
+constexpr int64_t kMaxFusionBytes = int64_t{1} << 40;   // 1 TiB: beyond any real buffer
+constexpr int64_t kMaxCacheCapacity = int64_t{1} << 20;  // bit vector stays <= 128 KiB
+constexpr double kMaxCycleTimeMs = 60'000.0;
+constexpr double kMaxStallSeconds = 86'400.0;
+
+// A knob: its documentation row plus how to apply a value to a Config.
+struct Knob {
+  KnobSpec spec;
+  Status (*apply)(const char* name, const std::string& value, Config* config);
+};
+
+#define HVD_ASSIGN_FIELD(field, parse_expr)      \
+  [](const char* name, const std::string& value, Config* c) -> Status { \
+    auto parsed = (parse_expr);                  \
+    if (!parsed.ok()) return parsed.status();    \
+    c->field = *parsed;                          \
+    return Status::OK();                         \
+  }
+
+const std::vector<Knob>& Knobs() {
+  static const std::vector<Knob> knobs = {
+      {{"HOROVOD_FUSION_THRESHOLD", "bytes", "134217728 (128 MiB)", "0 .. 2^40; 0 = no fusion",
+        "Largest fused buffer. Tensors that agree on op, dtype, device and scaling are packed "
+        "into one collective up to this size."},
+       HVD_ASSIGN_FIELD(fusion_threshold_bytes,
+                        ParseInt(name, value, 0, kMaxFusionBytes, "bytes"))},
+      {{"HOROVOD_CYCLE_TIME", "milliseconds", "1", "0 .. 60000, fractional allowed",
+        "Longest wait between negotiation cycles while work is outstanding. Enqueueing work "
+        "wakes the background thread at once."},
+       HVD_ASSIGN_FIELD(cycle_time_ms,
+                        ParseDouble(name, value, 0.0, kMaxCycleTimeMs, "milliseconds"))},
+      {{"HOROVOD_CACHE_CAPACITY", "integer", "1024", "0 .. 1048576; 0 = cache off",
+        "Response-cache entries. Cached tensors are negotiated by one small bit-vector "
+        "allreduce per cycle instead of a gather to rank 0."},
+       HVD_ASSIGN_FIELD(cache_capacity,
+                        ParseInt(name, value, 0, kMaxCacheCapacity, "entries"))},
+      {{"HOROVOD_LOG_LEVEL", "level", "warning", "trace, debug, info, warning, error, fatal",
+        "Least severe message printed to stderr."},
+       HVD_ASSIGN_FIELD(log_level, ParseLogLevel(name, value))},
+      {{"HOROVOD_STALL_CHECK_TIME_SECONDS", "seconds", "60", "0 .. 86400; 0 = no check",
+        "A tensor submitted by some ranks but not all for this long is reported with the "
+        "missing ranks."},
+       HVD_ASSIGN_FIELD(stall_check_time_seconds,
+                        ParseDouble(name, value, 0.0, kMaxStallSeconds, "seconds"))},
+      {{"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "seconds", "0", "0 .. 86400; 0 = never",
+        "A stall this long shuts the job down; pending operations fail with the reason."},
+       HVD_ASSIGN_FIELD(stall_shutdown_time_seconds,
+                        ParseDouble(name, value, 0.0, kMaxStallSeconds, "seconds"))},
+      {{"HOROVOD_TIMELINE", "path", "(unset)", "a file path, or DYNAMIC",
+        "Chrome-tracing timeline written by rank 0; DYNAMIC starts it later through the API."},
+       [](const char*, const std::string& value, Config* c) -> Status {
+         c->timeline_path = value;
+         return Status::OK();
+       }},
+      {{"HOROVOD_TIMELINE_MARK_CYCLES", "bool", "0", "0 or 1",
+        "Add a CYCLE_START marker to the timeline for every negotiation cycle."},
+       HVD_ASSIGN_FIELD(timeline_mark_cycles, ParseBool(name, value))},
+  };
+  return knobs;
+}
+
+#undef HVD_ASSIGN_FIELD
+
+}  // namespace
+
+Result<Config> Config::FromEnv(const EnvLookup& getenv) {
+  EnvLookup lookup = getenv;
+  if (!lookup) {
+    lookup = [](const char* name) -> std::optional<std::string> {
+      const char* v = std::getenv(name);
+      if (v == nullptr) return std::nullopt;
+      return std::string(v);
+    };
+  }
+  Config config;
+  for (const Knob& knob : Knobs()) {
+    std::optional<std::string> value = lookup(knob.spec.name);
+    if (!value || value->empty()) continue;
+    HVD_RETURN_IF_ERROR(knob.apply(knob.spec.name, *value, &config));
+  }
+  if (config.stall_shutdown_time_seconds > 0 && config.stall_check_time_seconds > 0 &&
+      config.stall_shutdown_time_seconds < config.stall_check_time_seconds) {
+    // Horovod's behaviour: a shutdown time below the check time is ignored with a warning.
+    std::ostringstream msg;
+    msg << "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=" << config.stall_shutdown_time_seconds
+        << " is less than HOROVOD_STALL_CHECK_TIME_SECONDS=" << config.stall_check_time_seconds
+        << "; stalls will be reported but will not shut the job down";
+    config.warnings.push_back(msg.str());
+    config.stall_shutdown_time_seconds = 0;
+  }
+  return config;
+}
+
+std::vector<KnobSpec> KnobTable() {
+  std::vector<KnobSpec> specs;
+  for (const Knob& knob : Knobs()) specs.push_back(knob.spec);
+  return specs;
+}
+
+std::string DescribeKnobs() {
+  std::ostringstream out;
+  for (const Knob& knob : Knobs()) {
+    const KnobSpec& s = knob.spec;
+    out << s.name << "  (" << s.type << ", default " << s.default_value << "; " << s.range
+        << ")\n    " << s.help << "\n";
+  }
+  return out.str();
+}
+
+const char* LogLevelName(LogLevel level) {
+  switch (level) {
+    case LogLevel::kTrace: return "TRACE";
+    case LogLevel::kDebug: return "DEBUG";
+    case LogLevel::kInfo: return "INFO";
+    case LogLevel::kWarning: return "WARNING";
+    case LogLevel::kError: return "ERROR";
+    case LogLevel::kFatal: return "FATAL";
+  }
+  return "?";
+}
+
+}  // namespace hvd

@@ -1,0 +1,62 @@
+// horovod_cpp — Apache-2.0
+#include "common/handle_table.h"
+
+namespace hvd {
+
+Status HandleTable::Unknown(Handle handle) {
+  return Status::InvalidArgument("unknown handle " + std::to_string(handle) +
+                                 " (never issued, or already waited on)");
+}
+
+Handle HandleTable::Allocate() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Handle h = next_++;
+  states_.emplace(h, State{});
+  return h;
+}
+
+void HandleTable::Complete(Handle handle, const Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = states_.find(handle);
+    HVD_CHECK(it != states_.end() && !it->second.done);
+    it->second.done = true;
+    it->second.status = status;
+  }
+  cv_.notify_all();
+}
+
+void HandleTable::Release(Handle handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  states_.erase(handle);
+}
+
+Result<bool> HandleTable::Poll(Handle handle) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = states_.find(handle);
+  if (it == states_.end()) return Unknown(handle);
+  return it->second.done;
+}
+
+Status HandleTable::Wait(Handle handle) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = states_.find(handle);
+  if (it == states_.end()) return Unknown(handle);
+  // Another thread waiting on the same handle may release it first.
+  cv_.wait(lock, [&] {
+    auto i = states_.find(handle);
+    return i == states_.end() || i->second.done;
+  });
+  it = states_.find(handle);
+  if (it == states_.end()) return Unknown(handle);
+  Status status = it->second.status;
+  states_.erase(it);
+  return status;
+}
+
+size_t HandleTable::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return states_.size();
+}
+
+}  // namespace hvd

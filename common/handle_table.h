@@ -1,0 +1,50 @@
+// horovod_cpp — Apache-2.0
+#pragma once
+// HandleTable: the completion state behind the Handles returned by Enqueue*.
+//
+// The background thread calls Complete() exactly once per handle; framework threads Poll()
+// or Wait(). Wait() blocks on a condition variable (no polling) and releases the handle.
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+#include "common/horovod.h"
+#include "common/thread_annotations.h"
+
+namespace hvd {
+
+class HandleTable {
+ public:
+  HandleTable() = default;
+  HandleTable(const HandleTable&) = delete;
+  HandleTable& operator=(const HandleTable&) = delete;
+
+  // Any thread. A fresh handle in the "pending" state.
+  Handle Allocate();
+  // Background thread (or whoever completes the operation). Must be called once per handle.
+  void Complete(Handle handle, const Status& status);
+  // Any thread. Forgets a handle that was never handed out (its enqueue failed).
+  void Release(Handle handle);
+  // Any thread. INVALID_ARGUMENT for an unknown (never issued or already waited) handle.
+  Result<bool> Poll(Handle handle) const;
+  // Any thread. Blocks until complete; returns the operation's status and releases the handle.
+  Status Wait(Handle handle);
+
+  size_t size() const;
+
+ private:
+  struct State {
+    bool done = false;
+    Status status;
+  };
+  static Status Unknown(Handle handle);
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Handle next_ HVD_GUARDED_BY(mu_) = 1;
+  std::unordered_map<Handle, State> states_ HVD_GUARDED_BY(mu_);
+};
+
+}  // namespace hvd

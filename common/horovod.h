@@ -1,0 +1,143 @@
+// horovod_cpp — Apache-2.0
+#pragma once
+// horovod_cpp public C++ API.
+//
+//   #include <horovod_cpp/common/horovod.h>
+//   hvd::Status s = hvd::Init();                 // reads HOROVOD_* from the environment
+//   std::vector<float> grad(1024, 1.0f);
+//   s = hvd::Allreduce(hvd::View(grad.data(), {1024}), hvd::View(grad.data(), {1024}),
+//                      "grad", {hvd::ReduceOp::kAverage});
+//   hvd::Shutdown().IgnoreError();
+//
+// Every call returns a Status (or Result<T>); nothing throws. Calls made before Init return
+// FAILED_PRECONDITION. Operations are asynchronous: Enqueue* validates what it can locally,
+// hands the tensor to the background thread and returns a Handle at once; Poll/Wait observe
+// completion. The background thread negotiates with the other ranks (every rank must enqueue
+// a tensor of the same name), fuses small tensors, and runs the collective.
+//
+// Threads: any thread may call any function. Tensor memory must stay valid and untouched
+// until the operation completes. Callbacks run on the background thread; they must be quick
+// and must not Wait on handles.
+//
+// Process and MPI lifecycle: Init initialises MPI (MPI_Init_thread) unless the program already
+// did; in that case the program must call hvd::Shutdown() before its own MPI_Finalize.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <type_traits>
+
+#include "common/status.h"
+#include "common/types.h"
+
+namespace hvd {
+
+// A dense, row-major (contiguous) tensor in memory the caller owns.
+struct TensorView {
+  void* data = nullptr;
+  DataType dtype = DataType::kFloat32;
+  TensorShape shape;
+  int32_t device = kCpuDevice;
+};
+
+template <typename T>
+constexpr DataType DataTypeOf() {
+  if constexpr (std::is_same_v<T, bool>) return DataType::kBool;
+  else if constexpr (std::is_same_v<T, uint8_t>) return DataType::kUInt8;
+  else if constexpr (std::is_same_v<T, int8_t>) return DataType::kInt8;
+  else if constexpr (std::is_same_v<T, uint16_t>) return DataType::kUInt16;
+  else if constexpr (std::is_same_v<T, int16_t>) return DataType::kInt16;
+  else if constexpr (std::is_same_v<T, int32_t>) return DataType::kInt32;
+  else if constexpr (std::is_same_v<T, int64_t>) return DataType::kInt64;
+  else if constexpr (std::is_same_v<T, float>) return DataType::kFloat32;
+  else if constexpr (std::is_same_v<T, double>) return DataType::kFloat64;
+  else static_assert(sizeof(T) == 0, "no horovod_cpp dtype for this C++ type; set dtype yourself");
+}
+
+// View of host memory holding C++ values of type T (float16/bfloat16 data: build a TensorView
+// by hand with the dtype set).
+template <typename T>
+TensorView View(T* data, TensorShape shape) {
+  return TensorView{static_cast<void*>(const_cast<std::remove_const_t<T>*>(data)),
+                    DataTypeOf<std::remove_const_t<T>>(), std::move(shape), kCpuDevice};
+}
+
+using Handle = int64_t;
+using StatusCallback = std::function<void(const Status&)>;
+
+struct AllreduceOptions {
+  ReduceOp op = ReduceOp::kAverage;  // as in horovod.torch
+  double prescale_factor = 1.0;      // applied to the input before the reduction
+  double postscale_factor = 1.0;     // applied to the result (Average also divides by size)
+  int32_t process_set_id = kGlobalProcessSetId;
+};
+
+// Counters since Init, for tests and benchmarks.
+struct Stats {
+  uint64_t cycles = 0;               // negotiation cycles run
+  uint64_t cache_hits = 0;           // tensors negotiated through the bit-vector fast path
+  uint64_t coordinator_rounds = 0;   // cycles that gathered requests at rank 0
+  uint64_t allreduce_calls = 0;      // data-plane allreduce collectives issued
+  uint64_t broadcast_calls = 0;      // data-plane broadcast collectives issued
+  uint64_t barrier_calls = 0;
+  uint64_t tensors_completed = 0;    // entries completed (success or error)
+  uint64_t fusion_buffer_bytes = 0;  // current size of the host fusion buffer
+};
+
+// ---- lifecycle and topology ---------------------------------------------------------------
+
+// Starts the runtime: parses HOROVOD_* (a malformed value fails here, naming the variable),
+// initialises MPI if needed and starts the background thread. Idempotent.
+Status Init();
+// Negotiated with the other ranks: every rank's background thread stops, and every pending
+// operation completes with ABORTED. Idempotent; a no-op before Init.
+Status Shutdown();
+bool IsInitialized();
+
+Result<int> Rank();
+Result<int> Size();
+Result<int> LocalRank();
+Result<int> LocalSize();
+Result<int> CrossRank();
+Result<int> CrossSize();
+// Whether MPI provides MPI_THREAD_MULTIPLE.
+Result<bool> MpiThreadsSupported();
+
+// ---- asynchronous operations --------------------------------------------------------------
+
+// Reduces `input` across ranks into `output` (same dtype and shape; may alias `input`).
+// `name` identifies the tensor across ranks; an empty name gets "allreduce.noname.<n>", with
+// n counted per process (so ranks must issue unnamed ops in the same order).
+Result<Handle> EnqueueAllreduce(const TensorView& input, const TensorView& output,
+                                const std::string& name, const AllreduceOptions& options = {},
+                                StatusCallback callback = nullptr);
+
+// Copies `input` of `root_rank` into `output` on every rank (on the root, `output` receives a
+// copy of `input`; they may alias).
+Result<Handle> EnqueueBroadcast(const TensorView& input, const TensorView& output, int root_rank,
+                                const std::string& name,
+                                int32_t process_set_id = kGlobalProcessSetId,
+                                StatusCallback callback = nullptr);
+
+// True once the operation has completed. Does not release the handle.
+Result<bool> Poll(Handle handle);
+// Blocks until the operation completes and returns its status; releases the handle.
+Status Wait(Handle handle);
+
+// ---- blocking conveniences ----------------------------------------------------------------
+
+Status Allreduce(const TensorView& input, const TensorView& output, const std::string& name = "",
+                 const AllreduceOptions& options = {});
+Status Broadcast(const TensorView& input, const TensorView& output, int root_rank,
+                 const std::string& name = "", int32_t process_set_id = kGlobalProcessSetId);
+// Returns once every rank of the process set has called Barrier.
+Status Barrier(int32_t process_set_id = kGlobalProcessSetId);
+
+Result<Stats> GetStats();
+
+// ---- build information (valid before Init) -------------------------------------------------
+
+// NCCL's version code (e.g. 22809) when this build has the NCCL backend, otherwise 0.
+int NcclBuilt();
+
+}  // namespace hvd

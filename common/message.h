@@ -1,0 +1,91 @@
+// horovod_cpp — Apache-2.0
+#pragma once
+// Negotiation messages and their wire format.
+//
+// A Request is what one rank says about one tensor ("I have 'grad.w', ALLREDUCE, float32,
+// [128, 64], Sum"). Ranks send RequestLists to the coordinator (rank 0 of the process set),
+// which answers with a ResponseList: one Response per tensor that every rank has asked for,
+// or an ERROR Response naming the tensor and what each rank sent.
+//
+// Wire format (version 1), little-endian:
+//   magic "HVDW" | u16 version | u16 kind (1 = RequestList, 2 = ResponseList)
+//   | u32 payload length | u32 CRC-32 of payload | payload
+// Parsing checks every length against the bytes that remain and validates enum values, so a
+// truncated, corrupted or hostile buffer yields an error Status, never a crash or an over-read.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/types.h"
+
+namespace hvd {
+
+struct Request {
+  int32_t request_rank = 0;
+  OpType type = OpType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int32_t root_rank = -1;  // broadcast only
+  int32_t device = kCpuDevice;
+  int32_t process_set_id = kGlobalProcessSetId;
+  int32_t group_id = -1;  // grouped ops: all members are negotiated together
+  double prescale_factor = 1.0;
+  double postscale_factor = 1.0;
+  std::string tensor_name;
+  TensorShape shape;
+  std::vector<int64_t> splits;  // alltoall only
+
+  bool operator==(const Request& o) const;
+};
+
+struct Response {
+  OpType type = OpType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int32_t root_rank = -1;
+  int32_t device = kCpuDevice;
+  int32_t process_set_id = kGlobalProcessSetId;
+  int32_t last_joined_rank = -1;
+  double prescale_factor = 1.0;
+  double postscale_factor = 1.0;
+  std::vector<std::string> tensor_names;
+  // Elements per tensor, in tensor_names order (allreduce/broadcast).
+  std::vector<int64_t> tensor_sizes;
+  std::string error_message;  // ERROR responses only
+
+  bool operator==(const Response& o) const;
+};
+
+struct RequestList {
+  std::vector<Request> requests;
+  bool shutdown = false;
+  bool operator==(const RequestList& o) const {
+    return requests == o.requests && shutdown == o.shutdown;
+  }
+};
+
+struct ResponseList {
+  std::vector<Response> responses;
+  bool shutdown = false;
+  std::string shutdown_reason;  // why, when shutdown is set (e.g. "requested by rank 1")
+  bool operator==(const ResponseList& o) const {
+    return responses == o.responses && shutdown == o.shutdown &&
+           shutdown_reason == o.shutdown_reason;
+  }
+};
+
+constexpr uint16_t kWireVersion = 1;
+// Limits enforced by the parser (a real message is far below them).
+constexpr size_t kMaxNameBytes = 1 << 20;
+constexpr size_t kMaxTensorRank = 64;
+constexpr size_t kMaxSplits = 1 << 20;
+constexpr size_t kMaxErrorBytes = 1 << 20;
+
+std::vector<uint8_t> SerializeRequestList(const RequestList& list);
+std::vector<uint8_t> SerializeResponseList(const ResponseList& list);
+Result<RequestList> ParseRequestList(const uint8_t* data, size_t size);
+Result<ResponseList> ParseResponseList(const uint8_t* data, size_t size);
+
+}  // namespace hvd

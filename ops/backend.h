@@ -1,0 +1,69 @@
+// horovod_cpp — Apache-2.0
+#pragma once
+// The collective backend interface: what the background loop needs from a transport.
+//
+// Two planes share one interface:
+//   * control plane — small messages that carry the negotiation (a bit-vector AND-allreduce,
+//     a gather of byte strings to rank 0, a broadcast of bytes); the backend knows nothing
+//     about what the bytes mean;
+//   * data plane — the collectives on tensor memory.
+// All ranks call the same methods in the same order. Only the background thread calls a
+// Backend (Initialize and Finalize included), so implementations need no locking.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "common/types.h"
+
+namespace hvd {
+namespace ops {
+
+struct Topology {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;   // rank among the processes on this host
+  int local_size = 1;
+  int cross_rank = 0;   // index of this host among hosts (ranks with the same local_rank)
+  int cross_size = 1;
+  bool threads_multiple = false;  // MPI_THREAD_MULTIPLE available
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "MPI", ... (used in messages and the timeline).
+  virtual const char* name() const = 0;
+
+  // Brings the transport up (e.g. MPI_Init_thread unless already initialised) and fills the
+  // topology. Called once, on the background thread.
+  virtual Status Initialize() = 0;
+  // Releases everything Initialize created (and finalises MPI if Initialize started it).
+  virtual Status Finalize() = 0;
+  virtual const Topology& topology() const = 0;
+
+  // ---- control plane ----
+  // Bitwise AND of `words` across all ranks, in place.
+  virtual Status AllreduceBitsAnd(uint64_t* words, int count) = 0;
+  // Rank 0 receives every rank's bytes (`at_root` is resized to size); others get nothing.
+  virtual Status GatherBytes(const std::vector<uint8_t>& mine,
+                             std::vector<std::vector<uint8_t>>* at_root) = 0;
+  // `bytes` of `root` are copied to every rank (resized on receivers).
+  virtual Status BroadcastBytes(std::vector<uint8_t>* bytes, int root) = 0;
+
+  // ---- data plane ----
+  // Element-wise reduction of `count` elements. `send` == nullptr or == `recv` means in place.
+  // `op` is one of kSum, kMin, kMax, kProduct (Average is Sum plus scaling by the caller).
+  virtual Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                           ReduceOp op) = 0;
+  virtual Status Broadcast(void* buffer, int64_t bytes, int root) = 0;
+  virtual Status Barrier() = 0;
+};
+
+// The MPI backend (always built).
+std::unique_ptr<Backend> CreateMpiBackend();
+
+}  // namespace ops
+}  // namespace hvd

@@ -1,0 +1,296 @@
+// horovod_cpp — Apache-2.0
+// The MPI backend.
+//
+// Communicators: a private duplicate of MPI_COMM_WORLD (so user MPI traffic never matches
+// ours), a per-host communicator (MPI_Comm_split_type SHARED) for local rank/size, and a
+// cross-host communicator (ranks with the same local rank) for cross rank/size. Errors return
+// (MPI_ERRORS_RETURN) and become Status values naming the call.
+//
+// Waiting: control-plane collectives are non-blocking and completed by WaitPolitely(): it
+// spins on MPI_Test briefly (peers usually arrive within microseconds when they have work),
+// then sleeps with exponential backoff. A rank that reaches a negotiation round early (its
+// peers are still computing) therefore does not burn the core its own training thread needs.
+// Data-plane collectives are blocking calls, so their speed is exactly MPI's.
+//
+// float16 and bfloat16 travel as 2-byte contiguous types with user-defined commutative
+// MPI_Ops that compute in float32 (ops/reduce_kernels).
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <string>
+#include <thread>
+
+#include "common/logging.h"
+#include "ops/backend.h"
+#include "ops/reduce_kernels.h"
+
+namespace hvd {
+namespace ops {
+namespace {
+
+// Largest element count per MPI call: MPI counts are 32-bit ints.
+constexpr int64_t kMaxCountPerCall = int64_t{1} << 30;
+
+// Polite waiting: spin this long, then sleep from kMinSleep doubling up to kMaxSleep.
+constexpr auto kSpinTime = std::chrono::microseconds(100);
+constexpr auto kMinSleep = std::chrono::microseconds(20);
+constexpr auto kMaxSleep = std::chrono::microseconds(500);
+
+// The custom 2-byte types, read by the MPI_Op callbacks (which receive no user data).
+MPI_Datatype g_float16 = MPI_DATATYPE_NULL;
+MPI_Datatype g_bfloat16 = MPI_DATATYPE_NULL;
+
+template <ReduceOp kOp>
+void Reduce16Bit(void* in, void* inout, int* len, MPI_Datatype* dtype) {
+  const DataType t = (*dtype == g_bfloat16) ? DataType::kBFloat16 : DataType::kFloat16;
+  ReduceInto(inout, in, *len, t, kOp);
+}
+
+std::string MpiErrorText(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, len);
+}
+
+#define HVD_MPI_CHECK(call)                                                                \
+  do {                                                                                     \
+    int hvd_mpi_rc_ = (call);                                                              \
+    if (hvd_mpi_rc_ != MPI_SUCCESS) {                                                      \
+      return Status::Unavailable(std::string(#call) + " failed: " +                        \
+                                 MpiErrorText(hvd_mpi_rc_) + " (" __FILE__ ":" +           \
+                                 std::to_string(__LINE__) + ")");                          \
+    }                                                                                      \
+  } while (0)
+
+class MpiBackend final : public Backend {
+ public:
+  MpiBackend() = default;
+  MpiBackend(const MpiBackend&) = delete;
+  MpiBackend& operator=(const MpiBackend&) = delete;
+
+  const char* name() const override { return "MPI"; }
+  const Topology& topology() const override { return topo_; }
+
+  Status Initialize() override {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (finalized) {
+      return Status::FailedPrecondition(
+          "MPI has already been finalized in this process (by an earlier hvd::Shutdown() or by "
+          "the application), and MPI cannot be initialized twice");
+    }
+    int provided = 0;
+    if (!initialized) {
+      HVD_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+      owns_mpi_ = true;
+    } else {
+      MPI_Query_thread(&provided);
+      if (provided < MPI_THREAD_SERIALIZED) {
+        HVD_LOG(WARNING) << "MPI was initialized by the application with thread level "
+                         << provided << "; horovod_cpp calls MPI from its background thread and "
+                         << "needs at least MPI_THREAD_SERIALIZED (initialize with "
+                         << "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...))";
+      }
+    }
+    topo_.threads_multiple = provided >= MPI_THREAD_MULTIPLE;
+
+    HVD_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world_));
+    HVD_MPI_CHECK(MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN));
+    HVD_MPI_CHECK(MPI_Comm_rank(world_, &topo_.rank));
+    HVD_MPI_CHECK(MPI_Comm_size(world_, &topo_.size));
+    HVD_MPI_CHECK(
+        MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, topo_.rank, MPI_INFO_NULL, &local_));
+    HVD_MPI_CHECK(MPI_Comm_rank(local_, &topo_.local_rank));
+    HVD_MPI_CHECK(MPI_Comm_size(local_, &topo_.local_size));
+    HVD_MPI_CHECK(MPI_Comm_split(world_, topo_.local_rank, topo_.rank, &cross_));
+    HVD_MPI_CHECK(MPI_Comm_rank(cross_, &topo_.cross_rank));
+    HVD_MPI_CHECK(MPI_Comm_size(cross_, &topo_.cross_size));
+
+    HVD_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &g_float16));
+    HVD_MPI_CHECK(MPI_Type_commit(&g_float16));
+    HVD_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &g_bfloat16));
+    HVD_MPI_CHECK(MPI_Type_commit(&g_bfloat16));
+    // Commutative (1): otherwise Open MPI falls back to slow non-commutative algorithms.
+    HVD_MPI_CHECK(MPI_Op_create(&Reduce16Bit<ReduceOp::kSum>, 1, &op16_sum_));
+    HVD_MPI_CHECK(MPI_Op_create(&Reduce16Bit<ReduceOp::kMin>, 1, &op16_min_));
+    HVD_MPI_CHECK(MPI_Op_create(&Reduce16Bit<ReduceOp::kMax>, 1, &op16_max_));
+    HVD_MPI_CHECK(MPI_Op_create(&Reduce16Bit<ReduceOp::kProduct>, 1, &op16_prod_));
+    return Status::OK();
+  }
+
+  Status Finalize() override {
+    for (MPI_Op* op : {&op16_sum_, &op16_min_, &op16_max_, &op16_prod_}) {
+      if (*op != MPI_OP_NULL) MPI_Op_free(op);
+    }
+    for (MPI_Datatype* t : {&g_float16, &g_bfloat16}) {
+      if (*t != MPI_DATATYPE_NULL) MPI_Type_free(t);
+    }
+    for (MPI_Comm* c : {&cross_, &local_, &world_}) {
+      if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+    }
+    if (owns_mpi_) {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      owns_mpi_ = false;
+      if (!finalized) HVD_MPI_CHECK(MPI_Finalize());
+    }
+    return Status::OK();
+  }
+
+  Status AllreduceBitsAnd(uint64_t* words, int count) override {
+    MPI_Request req;
+    HVD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, MPI_BAND, world_, &req));
+    return WaitPolitely(&req, "bit-vector allreduce");
+  }
+
+  Status GatherBytes(const std::vector<uint8_t>& mine,
+                     std::vector<std::vector<uint8_t>>* at_root) override {
+    const bool root = topo_.rank == 0;
+    int my_len = static_cast<int>(mine.size());
+    std::vector<int> lens(root ? topo_.size : 0);
+    MPI_Request req;
+    HVD_MPI_CHECK(MPI_Igather(&my_len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, world_, &req));
+    HVD_RETURN_IF_ERROR(WaitPolitely(&req, "gather of request sizes"));
+    std::vector<int> displs(lens.size());
+    std::vector<uint8_t> all;
+    if (root) {
+      int64_t total = 0;
+      for (size_t r = 0; r < lens.size(); ++r) {
+        displs[r] = static_cast<int>(total);
+        total += lens[r];
+      }
+      if (total > INT_MAX) return Status::Internal("negotiation messages exceed 2 GiB");
+      all.resize(static_cast<size_t>(total));
+    }
+    HVD_MPI_CHECK(MPI_Igatherv(mine.data(), my_len, MPI_BYTE, all.data(), lens.data(),
+                               displs.data(), MPI_BYTE, 0, world_, &req));
+    HVD_RETURN_IF_ERROR(WaitPolitely(&req, "gather of requests"));
+    if (root) {
+      at_root->assign(lens.size(), {});
+      for (size_t r = 0; r < lens.size(); ++r) {
+        (*at_root)[r].assign(all.begin() + displs[r], all.begin() + displs[r] + lens[r]);
+      }
+    }
+    return Status::OK();
+  }
+
+  Status BroadcastBytes(std::vector<uint8_t>* bytes, int root) override {
+    int64_t len = static_cast<int64_t>(bytes->size());
+    MPI_Request req;
+    HVD_MPI_CHECK(MPI_Ibcast(&len, 1, MPI_INT64_T, root, world_, &req));
+    HVD_RETURN_IF_ERROR(WaitPolitely(&req, "broadcast of response size"));
+    if (len > INT_MAX) return Status::Internal("negotiation message exceeds 2 GiB");
+    bytes->resize(static_cast<size_t>(len));
+    HVD_MPI_CHECK(MPI_Ibcast(bytes->data(), static_cast<int>(len), MPI_BYTE, root, world_, &req));
+    return WaitPolitely(&req, "broadcast of responses");
+  }
+
+  Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                   ReduceOp op) override {
+    MPI_Datatype mpi_type;
+    MPI_Op mpi_op;
+    HVD_RETURN_IF_ERROR(MpiType(dtype, &mpi_type));
+    HVD_RETURN_IF_ERROR(MpiOp(dtype, op, &mpi_op));
+    const int64_t elem = DataTypeSize(dtype);
+    const bool in_place = send == nullptr || send == recv;
+    for (int64_t done = 0; done < count; done += kMaxCountPerCall) {
+      const int n = static_cast<int>(std::min(kMaxCountPerCall, count - done));
+      char* r = static_cast<char*>(recv) + done * elem;
+      const void* s = in_place ? MPI_IN_PLACE : static_cast<const char*>(send) + done * elem;
+      HVD_MPI_CHECK(MPI_Allreduce(s, r, n, mpi_type, mpi_op, world_));
+    }
+    return Status::OK();
+  }
+
+  Status Broadcast(void* buffer, int64_t bytes, int root) override {
+    for (int64_t done = 0; done < bytes; done += kMaxCountPerCall) {
+      const int n = static_cast<int>(std::min(kMaxCountPerCall, bytes - done));
+      HVD_MPI_CHECK(MPI_Bcast(static_cast<char*>(buffer) + done, n, MPI_BYTE, root, world_));
+    }
+    return Status::OK();
+  }
+
+  Status Barrier() override {
+    MPI_Request req;
+    HVD_MPI_CHECK(MPI_Ibarrier(world_, &req));
+    return WaitPolitely(&req, "barrier");
+  }
+
+ private:
+  Status WaitPolitely(MPI_Request* req, const char* what) {
+    int done = 0;
+    const auto spin_until = std::chrono::steady_clock::now() + kSpinTime;
+    while (true) {
+      int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        return Status::Unavailable(std::string("MPI_Test on the ") + what +
+                                   " failed: " + MpiErrorText(rc));
+      }
+      if (done) return Status::OK();
+      if (std::chrono::steady_clock::now() >= spin_until) break;
+    }
+    auto sleep = kMinSleep;
+    while (true) {
+      std::this_thread::sleep_for(sleep);
+      int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        return Status::Unavailable(std::string("MPI_Test on the ") + what +
+                                   " failed: " + MpiErrorText(rc));
+      }
+      if (done) return Status::OK();
+      sleep = std::min(sleep * 2, kMaxSleep);
+    }
+  }
+
+  static Status MpiType(DataType dtype, MPI_Datatype* out) {
+    switch (dtype) {
+      case DataType::kUInt8: *out = MPI_UINT8_T; break;
+      case DataType::kInt8: *out = MPI_INT8_T; break;
+      case DataType::kUInt16: *out = MPI_UINT16_T; break;
+      case DataType::kInt16: *out = MPI_INT16_T; break;
+      case DataType::kInt32: *out = MPI_INT32_T; break;
+      case DataType::kInt64: *out = MPI_INT64_T; break;
+      case DataType::kFloat32: *out = MPI_FLOAT; break;
+      case DataType::kFloat64: *out = MPI_DOUBLE; break;
+      case DataType::kBool: *out = MPI_C_BOOL; break;
+      case DataType::kFloat16: *out = g_float16; break;
+      case DataType::kBFloat16: *out = g_bfloat16; break;
+    }
+    return Status::OK();
+  }
+
+  Status MpiOp(DataType dtype, ReduceOp op, MPI_Op* out) const {
+    const bool custom = dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
+    switch (op) {
+      case ReduceOp::kSum: *out = custom ? op16_sum_ : MPI_SUM; return Status::OK();
+      case ReduceOp::kMin: *out = custom ? op16_min_ : MPI_MIN; return Status::OK();
+      case ReduceOp::kMax: *out = custom ? op16_max_ : MPI_MAX; return Status::OK();
+      case ReduceOp::kProduct: *out = custom ? op16_prod_ : MPI_PROD; return Status::OK();
+      default:
+        return Status::Internal(std::string("the MPI backend was asked for reduction ") +
+                                ReduceOpName(op) + ", which the caller must lower first");
+    }
+  }
+
+  Topology topo_;
+  bool owns_mpi_ = false;
+  MPI_Comm world_ = MPI_COMM_NULL;
+  MPI_Comm local_ = MPI_COMM_NULL;
+  MPI_Comm cross_ = MPI_COMM_NULL;
+  MPI_Op op16_sum_ = MPI_OP_NULL;
+  MPI_Op op16_min_ = MPI_OP_NULL;
+  MPI_Op op16_max_ = MPI_OP_NULL;
+  MPI_Op op16_prod_ = MPI_OP_NULL;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> CreateMpiBackend() { return std::make_unique<MpiBackend>(); }
+
+}  // namespace ops
+}  // namespace hvd

@@ -1,0 +1,162 @@
+// horovod_cpp — Apache-2.0
+#include "ops/reduce_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "ops/half.h"
+
+namespace hvd {
+namespace ops {
+namespace {
+
+template <typename T>
+T Apply(T a, T b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin: return std::min(a, b);
+    case ReduceOp::kMax: return std::max(a, b);
+    case ReduceOp::kProduct: return static_cast<T>(a * b);
+    default: return static_cast<T>(a + b);
+  }
+}
+
+template <typename T>
+void ReduceTyped(T* inout, const T* in, int64_t n, ReduceOp op) {
+  // One switch outside the loop so each loop body vectorises.
+  switch (op) {
+    case ReduceOp::kMin:
+      for (int64_t i = 0; i < n; ++i) inout[i] = std::min(inout[i], in[i]);
+      break;
+    case ReduceOp::kMax:
+      for (int64_t i = 0; i < n; ++i) inout[i] = std::max(inout[i], in[i]);
+      break;
+    case ReduceOp::kProduct:
+      for (int64_t i = 0; i < n; ++i) inout[i] = static_cast<T>(inout[i] * in[i]);
+      break;
+    default:
+      for (int64_t i = 0; i < n; ++i) inout[i] = static_cast<T>(inout[i] + in[i]);
+      break;
+  }
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void Reduce16(uint16_t* inout, const uint16_t* in, int64_t n, ReduceOp op) {
+  for (int64_t i = 0; i < n; ++i) {
+    inout[i] = FromFloat(Apply(ToFloat(inout[i]), ToFloat(in[i]), op));
+  }
+}
+
+template <typename T>
+void ScaleTyped(T* buf, int64_t n, double factor) {
+  if constexpr (std::is_floating_point_v<T>) {
+    const T f = static_cast<T>(factor);
+    for (int64_t i = 0; i < n; ++i) buf[i] *= f;
+  } else {
+    // Saturate before converting: an out-of-range float-to-int conversion is undefined.
+    // (For int64, `hi` rounds up to 2^63, hence >= rather than >.)
+    constexpr double lo = static_cast<double>(std::numeric_limits<T>::min());
+    constexpr double hi = static_cast<double>(std::numeric_limits<T>::max());
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = factor * static_cast<double>(buf[i]);
+      if (v >= hi) {
+        buf[i] = std::numeric_limits<T>::max();
+      } else if (v <= lo) {
+        buf[i] = std::numeric_limits<T>::min();
+      } else {
+        buf[i] = static_cast<T>(v);  // truncates toward zero
+      }
+    }
+  }
+}
+
+template <typename T>
+void DivideTyped(T* buf, int64_t n, int64_t divisor) {
+  const T d = static_cast<T>(divisor);
+  for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<T>(buf[i] / d);
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void Divide16(uint16_t* buf, int64_t n, int64_t divisor) {
+  const float d = static_cast<float>(divisor);
+  for (int64_t i = 0; i < n; ++i) buf[i] = FromFloat(ToFloat(buf[i]) / d);
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void Scale16(uint16_t* buf, int64_t n, double factor) {
+  const float f = static_cast<float>(factor);
+  for (int64_t i = 0; i < n; ++i) buf[i] = FromFloat(ToFloat(buf[i]) * f);
+}
+
+}  // namespace
+
+void ReduceInto(void* inout, const void* in, int64_t n, DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kUInt8:
+      return ReduceTyped(static_cast<uint8_t*>(inout), static_cast<const uint8_t*>(in), n, op);
+    case DataType::kInt8:
+      return ReduceTyped(static_cast<int8_t*>(inout), static_cast<const int8_t*>(in), n, op);
+    case DataType::kUInt16:
+      return ReduceTyped(static_cast<uint16_t*>(inout), static_cast<const uint16_t*>(in), n, op);
+    case DataType::kInt16:
+      return ReduceTyped(static_cast<int16_t*>(inout), static_cast<const int16_t*>(in), n, op);
+    case DataType::kInt32:
+      return ReduceTyped(static_cast<int32_t*>(inout), static_cast<const int32_t*>(in), n, op);
+    case DataType::kInt64:
+      return ReduceTyped(static_cast<int64_t*>(inout), static_cast<const int64_t*>(in), n, op);
+    case DataType::kFloat32:
+      return ReduceTyped(static_cast<float*>(inout), static_cast<const float*>(in), n, op);
+    case DataType::kFloat64:
+      return ReduceTyped(static_cast<double*>(inout), static_cast<const double*>(in), n, op);
+    case DataType::kBool:
+      return ReduceTyped(static_cast<uint8_t*>(inout), static_cast<const uint8_t*>(in), n, op);
+    case DataType::kFloat16:
+      return Reduce16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(inout),
+                                                static_cast<const uint16_t*>(in), n, op);
+    case DataType::kBFloat16:
+      return Reduce16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(inout),
+                                                        static_cast<const uint16_t*>(in), n, op);
+  }
+}
+
+void ScaleBuffer(void* buf, int64_t n, DataType dtype, double factor) {
+  if (factor == 1.0) return;
+  switch (dtype) {
+    case DataType::kUInt8: return ScaleTyped(static_cast<uint8_t*>(buf), n, factor);
+    case DataType::kInt8: return ScaleTyped(static_cast<int8_t*>(buf), n, factor);
+    case DataType::kUInt16: return ScaleTyped(static_cast<uint16_t*>(buf), n, factor);
+    case DataType::kInt16: return ScaleTyped(static_cast<int16_t*>(buf), n, factor);
+    case DataType::kInt32: return ScaleTyped(static_cast<int32_t*>(buf), n, factor);
+    case DataType::kInt64: return ScaleTyped(static_cast<int64_t*>(buf), n, factor);
+    case DataType::kFloat32: return ScaleTyped(static_cast<float*>(buf), n, factor);
+    case DataType::kFloat64: return ScaleTyped(static_cast<double*>(buf), n, factor);
+    case DataType::kFloat16:
+      return Scale16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(buf), n, factor);
+    case DataType::kBFloat16:
+      return Scale16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(buf), n, factor);
+    case DataType::kBool: return;
+  }
+}
+
+void DivideBuffer(void* buf, int64_t n, DataType dtype, int64_t divisor) {
+  if (divisor == 1) return;
+  switch (dtype) {
+    case DataType::kUInt8: return DivideTyped(static_cast<uint8_t*>(buf), n, divisor);
+    case DataType::kInt8: return DivideTyped(static_cast<int8_t*>(buf), n, divisor);
+    case DataType::kUInt16: return DivideTyped(static_cast<uint16_t*>(buf), n, divisor);
+    case DataType::kInt16: return DivideTyped(static_cast<int16_t*>(buf), n, divisor);
+    case DataType::kInt32: return DivideTyped(static_cast<int32_t*>(buf), n, divisor);
+    case DataType::kInt64: return DivideTyped(static_cast<int64_t*>(buf), n, divisor);
+    case DataType::kFloat32: return DivideTyped(static_cast<float*>(buf), n, divisor);
+    case DataType::kFloat64: return DivideTyped(static_cast<double*>(buf), n, divisor);
+    case DataType::kFloat16:
+      return Divide16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(buf), n, divisor);
+    case DataType::kBFloat16:
+      return Divide16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(buf), n, divisor);
+    case DataType::kBool: return;
+  }
+}
+
+}  // namespace ops
+}  // namespace hvd

@@ -1,0 +1,27 @@
+// horovod_cpp — Apache-2.0
+#pragma once
+// CPU kernels on raw buffers: element-wise reduction of two buffers and in-place scaling,
+// for every dtype. float16 and bfloat16 are computed in float32 and rounded once per element.
+// Integer scaling truncates toward zero (Horovod's integer Average) and saturates at the
+// type's limits instead of overflowing.
+
+#include <cstdint>
+
+#include "common/types.h"
+
+namespace hvd {
+namespace ops {
+
+// inout[i] = op(inout[i], in[i]) for i < count. `op` is kSum, kMin, kMax or kProduct.
+void ReduceInto(void* inout, const void* in, int64_t count, DataType dtype, ReduceOp op);
+
+// buffer[i] *= factor. No-op for factor == 1 and for bool.
+void ScaleBuffer(void* buffer, int64_t count, DataType dtype, double factor);
+
+// buffer[i] /= divisor, exactly as the type divides: integers truncate toward zero
+// (-5 / 2 == -2), floating types round once. Used for Average, where multiplying by 1/size
+// would turn 6 * (1/3) into 1.999... and truncate it to 1.
+void DivideBuffer(void* buffer, int64_t count, DataType dtype, int64_t divisor);
+
+}  // namespace ops
+}  // namespace hvd

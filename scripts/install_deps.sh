@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the Debian packages horovod_cpp builds on, only if any is missing (idempotent: a
+# machine that has them all pays one dpkg query). Debian 12; run as root or with sudo.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake libgtest-dev libgmock-dev          # toolchain and GoogleTest
+  libopenmpi-dev openmpi-bin                               # MPI backend, mpirun
+  libboost-program-options-dev                             # example/benchmark flags
+  pybind11-dev python3-pybind11 python3-dev python3-venv   # Python module
+  libtorch-dev python3-torch python3-numpy                 # LibTorch API, torch layer
+  python3-pytest python3-mpi4py python3-cloudpickle        # Python tests
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  exit 0
+fi
+
+echo "install_deps: installing ${missing[*]}" >&2
+SUDO=()
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "install_deps: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${SUDO[@]}" apt-get update -qq
+"${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Quick start 2/2: install what is missing, build, and run every test. Exits non-zero on any
+# failure. Every multi-process test has its own timeout (ctest TIMEOUT plus an in-process
+# watchdog), so a hang fails fast.
+set -euo pipefail
+cd "$(dirname "$0")"
+scripts/install_deps.sh
+source scripts/mpi_env.sh
+start=$SECONDS
+
+# 1. The default build (NCCL backend on when CUDA and NCCL are found): every test.
+scripts/build.sh build
+(cd build && ctest --output-on-failure -j 2 --timeout 300)
+
+# 2. The CPU-only configuration must build and pass on its own as well.
+if grep -q "NCCL backend ON" build.configure.log; then
+  scripts/build.sh build-cpu -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF
+  (cd build-cpu && ctest --output-on-failure -j 2 --timeout 300)
+fi
+echo "test.sh: all tests passed in $((SECONDS - start)) s" >&2

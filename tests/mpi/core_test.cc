@@ -1,0 +1,505 @@
+// horovod_cpp — Apache-2.0
+// Multi-rank tests of the core runtime: run under mpirun at 2, 3 and 4 ranks (and once with
+// fusion and the response cache off). Every expectation is computed independently here from
+// what each rank contributes (rank r contributes a known function of r), never by asking the
+// library.
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/horovod.h"
+#include "ops/half.h"
+
+namespace hvd {
+namespace {
+
+int R() { return *Rank(); }
+int N() { return *Size(); }
+
+bool EnvIs(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == value;
+}
+
+// ---- typed buffers: values are stored and read as doubles ------------------------------------
+
+struct Buffer {
+  DataType dtype;
+  std::vector<uint8_t> bytes;
+  Buffer(DataType t, int64_t n) : dtype(t), bytes(static_cast<size_t>(n * DataTypeSize(t)), 0xAB) {}
+  int64_t size() const { return static_cast<int64_t>(bytes.size()) / DataTypeSize(dtype); }
+  TensorView View(TensorShape shape) { return TensorView{bytes.data(), dtype, std::move(shape)}; }
+  TensorView View() { return View({size()}); }
+
+  void Set(int64_t i, double v) {
+    void* p = bytes.data() + i * DataTypeSize(dtype);
+    switch (dtype) {
+      case DataType::kUInt8: *static_cast<uint8_t*>(p) = static_cast<uint8_t>(v); break;
+      case DataType::kInt8: *static_cast<int8_t*>(p) = static_cast<int8_t>(v); break;
+      case DataType::kUInt16: *static_cast<uint16_t*>(p) = static_cast<uint16_t>(v); break;
+      case DataType::kInt16: *static_cast<int16_t*>(p) = static_cast<int16_t>(v); break;
+      case DataType::kInt32: *static_cast<int32_t*>(p) = static_cast<int32_t>(v); break;
+      case DataType::kInt64: *static_cast<int64_t*>(p) = static_cast<int64_t>(v); break;
+      case DataType::kFloat32: *static_cast<float*>(p) = static_cast<float>(v); break;
+      case DataType::kFloat64: *static_cast<double*>(p) = v; break;
+      case DataType::kBool: *static_cast<bool*>(p) = v != 0; break;
+      case DataType::kFloat16:
+        *static_cast<uint16_t*>(p) = ops::FloatToHalf(static_cast<float>(v));
+        break;
+      case DataType::kBFloat16:
+        *static_cast<uint16_t*>(p) = ops::FloatToBFloat16(static_cast<float>(v));
+        break;
+    }
+  }
+
+  double Get(int64_t i) const {
+    const void* p = bytes.data() + i * DataTypeSize(dtype);
+    switch (dtype) {
+      case DataType::kUInt8: return *static_cast<const uint8_t*>(p);
+      case DataType::kInt8: return *static_cast<const int8_t*>(p);
+      case DataType::kUInt16: return *static_cast<const uint16_t*>(p);
+      case DataType::kInt16: return *static_cast<const int16_t*>(p);
+      case DataType::kInt32: return *static_cast<const int32_t*>(p);
+      case DataType::kInt64: return static_cast<double>(*static_cast<const int64_t*>(p));
+      case DataType::kFloat32: return *static_cast<const float*>(p);
+      case DataType::kFloat64: return *static_cast<const double*>(p);
+      case DataType::kBool: return *static_cast<const bool*>(p) ? 1 : 0;
+      case DataType::kFloat16: return ops::HalfToFloat(*static_cast<const uint16_t*>(p));
+      case DataType::kBFloat16: return ops::BFloat16ToFloat(*static_cast<const uint16_t*>(p));
+    }
+    return NAN;
+  }
+};
+
+const DataType kNumericTypes[] = {DataType::kUInt8,   DataType::kInt8,    DataType::kUInt16,
+                                  DataType::kInt16,   DataType::kInt32,   DataType::kInt64,
+                                  DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32,
+                                  DataType::kFloat64};
+
+bool IsUnsigned(DataType t) { return t == DataType::kUInt8 || t == DataType::kUInt16; }
+
+double Tolerance(DataType t, double expected) {
+  switch (t) {
+    case DataType::kFloat16: return std::ldexp(1.0, -10) * std::max(1.0, std::fabs(expected));
+    case DataType::kBFloat16: return std::ldexp(1.0, -7) * std::max(1.0, std::fabs(expected));
+    case DataType::kFloat32: return 1e-6 * std::max(1.0, std::fabs(expected));
+    case DataType::kFloat64: return 1e-12 * std::max(1.0, std::fabs(expected));
+    default: return 0.0;  // integers are exact
+  }
+}
+
+// What rank r contributes at index i for dtype t: small values whose sums and products fit
+// every type (unsigned: 1..3; signed: -2..2; floating: -1..1 in steps of 0.5).
+double Contribution(DataType t, int r, int64_t i) {
+  const int64_t k = r + i;
+  if (IsUnsigned(t)) return static_cast<double>(k % 3 + 1);
+  if (IsFloatingPoint(t)) return static_cast<double>(k % 5 - 2) * 0.5;
+  return static_cast<double>(k % 5 - 2);
+}
+
+double Expected(DataType t, ReduceOp op, int size, int64_t i) {
+  double acc = Contribution(t, 0, i);
+  for (int r = 1; r < size; ++r) {
+    const double v = Contribution(t, r, i);
+    switch (op) {
+      case ReduceOp::kMin: acc = std::min(acc, v); break;
+      case ReduceOp::kMax: acc = std::max(acc, v); break;
+      case ReduceOp::kProduct: acc *= v; break;
+      default: acc += v; break;
+    }
+  }
+  if (op == ReduceOp::kAverage) {
+    if (IsFloatingPoint(t)) return acc / size;
+    return static_cast<double>(static_cast<int64_t>(acc) / size);  // C++ truncates toward zero
+  }
+  return acc;
+}
+
+// "rank 0" / "ranks 1, 2, 3"
+std::string RanksText(int first, int last) {
+  std::string s = first == last ? "rank " : "ranks ";
+  for (int r = first; r <= last; ++r) s += (r == first ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+// ---- tests -----------------------------------------------------------------------------------
+
+TEST(Core, TopologyMatchesMpi) {
+  int mpi_rank = 0, mpi_size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
+  EXPECT_EQ(R(), mpi_rank);
+  EXPECT_EQ(N(), mpi_size);
+  // One host: every rank is local.
+  EXPECT_EQ(*LocalSize(), mpi_size);
+  EXPECT_EQ(*LocalRank(), mpi_rank);
+  EXPECT_EQ(*CrossSize(), 1);
+  EXPECT_EQ(*CrossRank(), 0);
+  EXPECT_TRUE(IsInitialized());
+  EXPECT_TRUE(Init().ok());  // idempotent
+  EXPECT_TRUE(*MpiThreadsSupported());
+}
+
+TEST(Core, EveryDtypeAndOpAgainstIndependentValues) {
+  const int64_t n = 37;
+  const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax,
+                          ReduceOp::kProduct};
+  struct Case {
+    DataType dtype;
+    ReduceOp op;
+    Buffer in, out;
+    bool in_place;
+    Handle handle;
+  };
+  std::vector<Case> cases;
+  for (DataType t : kNumericTypes) {
+    for (ReduceOp op : ops) {
+      cases.push_back({t, op, Buffer(t, n), Buffer(t, n), cases.size() % 2 == 0, 0});
+    }
+  }
+  // Enqueue all 50 at once: they are negotiated together and fused by (dtype, op).
+  for (Case& c : cases) {
+    for (int64_t i = 0; i < n; ++i) c.in.Set(i, Contribution(c.dtype, R(), i));
+    TensorView out = c.in_place ? c.in.View() : c.out.View();
+    auto h = EnqueueAllreduce(c.in.View(), out,
+                              std::string("every.") + DataTypeName(c.dtype) + "." + ReduceOpName(c.op),
+                              {c.op});
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    c.handle = *h;
+  }
+  for (Case& c : cases) {
+    ASSERT_TRUE(Wait(c.handle).ok());
+    const Buffer& result = c.in_place ? c.in : c.out;
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = Expected(c.dtype, c.op, N(), i);
+      ASSERT_NEAR(result.Get(i), want, Tolerance(c.dtype, want))
+          << DataTypeName(c.dtype) << " " << ReduceOpName(c.op) << " i=" << i;
+      if (!c.in_place) {
+        ASSERT_EQ(c.in.Get(i), Contribution(c.dtype, R(), i)) << "input was modified";
+      }
+    }
+  }
+}
+
+TEST(Core, TwoHundredMixedTensorsInADifferentRandomOrderOnEachRank) {
+  struct Tensor {
+    std::string name;
+    Buffer buf;
+  };
+  std::mt19937 shapes(42);  // same shapes on every rank
+  std::vector<Tensor> tensors;
+  const DataType types[] = {DataType::kFloat32, DataType::kFloat64, DataType::kInt32};
+  for (int t = 0; t < 200; ++t) {
+    const int64_t n = (t % 10 == 0) ? 20000 + shapes() % 20000 : 1 + shapes() % 3000;
+    tensors.push_back({"mixed." + std::to_string(t), Buffer(types[t % 3], n)});
+  }
+  const Stats before = *GetStats();
+  const double rank_sum = N() * (N() + 1) / 2.0;
+  for (int iter = 0; iter < 3; ++iter) {  // iterations 2 and 3 take the cache fast path
+    std::vector<int> order(tensors.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+    std::mt19937 rng(1000 * iter + R());
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<Handle> handles(tensors.size());
+    for (int t : order) {
+      Buffer& b = tensors[t].buf;
+      for (int64_t i = 0; i < b.size(); ++i) b.Set(i, (R() + 1) * ((t + i + iter) % 7));
+      auto h = EnqueueAllreduce(b.View(), b.View(), tensors[t].name, {ReduceOp::kSum});
+      ASSERT_TRUE(h.ok()) << h.status().ToString();
+      handles[t] = *h;
+    }
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      ASSERT_TRUE(Wait(handles[t]).ok());
+      const Buffer& b = tensors[t].buf;
+      for (int64_t i = 0; i < b.size(); ++i) {
+        ASSERT_EQ(b.Get(i), rank_sum * ((t + i + iter) % 7)) << tensors[t].name << " i=" << i;
+      }
+    }
+  }
+  const Stats after = *GetStats();
+  EXPECT_EQ(after.tensors_completed - before.tensors_completed, 600u);
+  if (!EnvIs("HOROVOD_CACHE_CAPACITY", "0")) {
+    // The second and third passes are negotiated from the response cache.
+    EXPECT_GE(after.cache_hits - before.cache_hits, 400u);
+  } else {
+    EXPECT_EQ(after.cache_hits, before.cache_hits);
+  }
+}
+
+TEST(Core, PrescaleAndPostscale) {
+  const int64_t n = 9;
+  const double rank_sum = N() * (N() + 1) / 2.0;
+  // Out of place, single tensor: the caller's input must not be scaled.
+  std::vector<float> in(n), out(n);
+  for (int64_t i = 0; i < n; ++i) in[i] = static_cast<float>((R() + 1) * (i + 1));
+  ASSERT_TRUE(Allreduce(View(in.data(), {n}), View(out.data(), {n}), "scale.f32",
+                        {ReduceOp::kSum, 0.5, 3.0})
+                  .ok());
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_FLOAT_EQ(out[i], static_cast<float>(3.0 * 0.5 * rank_sum * (i + 1)));
+    EXPECT_EQ(in[i], static_cast<float>((R() + 1) * (i + 1)));
+  }
+  // Average with a postscale: (sum / size) * 2.
+  std::vector<double> d(n, R() + 1.0);
+  ASSERT_TRUE(Allreduce(View(d.data(), {n}), View(d.data(), {n}), "scale.avg",
+                        {ReduceOp::kAverage, 1.0, 2.0})
+                  .ok());
+  EXPECT_DOUBLE_EQ(d[0], 2.0 * rank_sum / N());
+  // Integer prescale: 3 * (r + 1), summed, averaged with truncation toward zero.
+  std::vector<int32_t> k(n, R() + 1);
+  ASSERT_TRUE(Allreduce(View(k.data(), {n}), View(k.data(), {n}), "scale.int",
+                        {ReduceOp::kAverage, 3.0, 1.0})
+                  .ok());
+  EXPECT_EQ(k[0], static_cast<int32_t>(3 * N() * (N() + 1) / 2 / N()));
+  // Several tensors with the same factors go through the fusion buffer.
+  std::vector<std::vector<float>> fused(5, std::vector<float>(n));
+  std::vector<Handle> hs;
+  for (int t = 0; t < 5; ++t) {
+    for (int64_t i = 0; i < n; ++i) fused[t][i] = static_cast<float>((R() + 1) * t);
+    hs.push_back(*EnqueueAllreduce(View(fused[t].data(), {n}), View(fused[t].data(), {n}),
+                                   "scale.fused." + std::to_string(t), {ReduceOp::kSum, 2.0, 0.25}));
+  }
+  for (int t = 0; t < 5; ++t) {
+    ASSERT_TRUE(Wait(hs[t]).ok());
+    EXPECT_FLOAT_EQ(fused[t][n - 1], static_cast<float>(0.25 * 2.0 * rank_sum * t));
+  }
+}
+
+TEST(Core, BroadcastFromEveryRootEveryDtype) {
+  std::vector<DataType> types(std::begin(kNumericTypes), std::end(kNumericTypes));
+  types.push_back(DataType::kBool);
+  const int64_t n = 23;
+  for (int root = 0; root < N(); ++root) {
+    std::vector<Buffer> ins, outs;
+    std::vector<Handle> hs;
+    for (size_t k = 0; k < types.size(); ++k) {
+      ins.emplace_back(types[k], n);
+      outs.emplace_back(types[k], n);
+    }
+    for (size_t k = 0; k < types.size(); ++k) {
+      if (R() == root) {
+        for (int64_t i = 0; i < n; ++i) ins[k].Set(i, (root + i) % 2 + (types[k] == DataType::kBool ? 0 : root));
+      }
+      const bool in_place = k % 2 == 0;
+      auto h = EnqueueBroadcast(ins[k].View(), in_place ? ins[k].View() : outs[k].View(), root,
+                                "bcast." + std::to_string(root) + "." + DataTypeName(types[k]));
+      ASSERT_TRUE(h.ok()) << h.status().ToString();
+      hs.push_back(*h);
+    }
+    for (size_t k = 0; k < types.size(); ++k) {
+      ASSERT_TRUE(Wait(hs[k]).ok());
+      const Buffer& got = (k % 2 == 0) ? ins[k] : outs[k];
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = (root + i) % 2 + (types[k] == DataType::kBool ? 0 : root);
+        ASSERT_EQ(got.Get(i), want) << DataTypeName(types[k]) << " root " << root << " i=" << i;
+      }
+    }
+  }
+  // Same-root broadcasts of one dtype are fused into one call.
+  const Stats before = *GetStats();
+  std::vector<std::vector<double>> params(20, std::vector<double>(100));
+  std::vector<Handle> hs;
+  for (int p = 0; p < 20; ++p) {
+    for (double& x : params[p]) x = R() == 0 ? p + 0.5 : -1.0;
+    hs.push_back(*EnqueueBroadcast(View(params[p].data(), {100}), View(params[p].data(), {100}),
+                                   0, "bcast.param." + std::to_string(p)));
+  }
+  for (int p = 0; p < 20; ++p) {
+    ASSERT_TRUE(Wait(hs[p]).ok());
+    EXPECT_EQ(params[p][99], p + 0.5);
+  }
+  const Stats after = *GetStats();
+  if (!EnvIs("HOROVOD_FUSION_THRESHOLD", "0")) {
+    EXPECT_LT(after.broadcast_calls - before.broadcast_calls, 20u);
+  }
+}
+
+TEST(Core, MismatchesGiveTheSameErrorOnEveryRankAndTheJobContinues) {
+  // Shapes: rank r sends [2, r + 1].
+  std::vector<float> buf(2 * N(), 1.0f);
+  Status s = Allreduce(View(buf.data(), {2, R() + 1}), View(buf.data(), {2, R() + 1}),
+                       "mismatch.shape", {ReduceOp::kSum});
+  std::string want = "allreduce 'mismatch.shape': mismatched shapes: ";
+  for (int r = 0; r < N(); ++r) {
+    want += (r ? "; " : "") + std::string("rank ") + std::to_string(r) + " sent [2, " +
+            std::to_string(r + 1) + "]";
+  }
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), want);
+
+  // Dtypes: rank 0 float32, the others float64.
+  std::vector<double> dbl(4, 1.0);
+  std::vector<float> flt(4, 1.0f);
+  s = R() == 0 ? Allreduce(View(flt.data(), {4}), View(flt.data(), {4}), "mismatch.dtype")
+               : Allreduce(View(dbl.data(), {4}), View(dbl.data(), {4}), "mismatch.dtype");
+  EXPECT_EQ(s.message(), "allreduce 'mismatch.dtype': mismatched data types: rank 0 sent float32; " +
+                             RanksText(1, N() - 1) + " sent float64");
+
+  // Broadcast roots: rank 0 says root 0, the others say root 1.
+  s = Broadcast(View(flt.data(), {4}), View(flt.data(), {4}), R() == 0 ? 0 : 1, "mismatch.root");
+  EXPECT_EQ(s.message(), "broadcast 'mismatch.root': mismatched root ranks: rank 0 sent 0; " +
+                             RanksText(1, N() - 1) + " sent 1");
+
+  // Operations: rank 0 allreduces, the others broadcast.
+  s = R() == 0 ? Allreduce(View(flt.data(), {4}), View(flt.data(), {4}), "mismatch.op")
+               : Broadcast(View(flt.data(), {4}), View(flt.data(), {4}), 0, "mismatch.op");
+  EXPECT_EQ(s.message(), "allreduce 'mismatch.op': mismatched operations: rank 0 sent ALLREDUCE; " +
+                             RanksText(1, N() - 1) + " sent BROADCAST");
+
+  // Reduction ops: the last rank asks for Max.
+  s = Allreduce(View(flt.data(), {4}), View(flt.data(), {4}), "mismatch.redop",
+                {R() == N() - 1 ? ReduceOp::kMax : ReduceOp::kSum});
+  EXPECT_EQ(s.message(), "allreduce 'mismatch.redop': mismatched reduction ops: " +
+                             RanksText(0, N() - 2) + " sent Sum; " + RanksText(N() - 1, N() - 1) +
+                             " sent Max");
+
+  // The same name now works, and so does the next allreduce.
+  std::vector<float> ok(4, static_cast<float>(R() + 1));
+  ASSERT_TRUE(Allreduce(View(ok.data(), {4}), View(ok.data(), {4}), "mismatch.shape",
+                        {ReduceOp::kSum})
+                  .ok());
+  EXPECT_EQ(ok[3], N() * (N() + 1) / 2.0f);
+}
+
+TEST(Core, DuplicateNameInFlightIsRejectedAtEnqueue) {
+  // The last rank enqueues only after the others have tried the duplicate, so on those ranks
+  // the first "dup" is certainly still in flight when the second one arrives.
+  std::vector<float> a(8, 1.0f), b(8, 1.0f);
+  const bool last = R() == N() - 1;
+  if (last) MPI_Barrier(MPI_COMM_WORLD);
+  auto h = EnqueueAllreduce(View(a.data(), {8}), View(a.data(), {8}), "dup", {ReduceOp::kSum});
+  ASSERT_TRUE(h.ok());
+  if (!last) {
+    auto again = EnqueueAllreduce(View(b.data(), {8}), View(b.data(), {8}), "dup", {ReduceOp::kSum});
+    EXPECT_FALSE(again.ok());
+    EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(again.status().message().find("'dup': a tensor with this name is already in flight"),
+              std::string::npos);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  ASSERT_TRUE(Wait(*h).ok());
+  EXPECT_EQ(a[0], static_cast<float>(N()));
+  EXPECT_EQ(b[0], 1.0f);  // the rejected tensor was never touched
+}
+
+TEST(Core, FusionMergesSmallTensorsIntoFewCalls) {
+  const Stats before = *GetStats();
+  std::vector<std::vector<float>> t(100, std::vector<float>(16));
+  std::vector<Handle> hs;
+  for (int k = 0; k < 100; ++k) {
+    std::fill(t[k].begin(), t[k].end(), static_cast<float>(R() * k));
+    hs.push_back(*EnqueueAllreduce(View(t[k].data(), {16}), View(t[k].data(), {16}),
+                                   "fusion." + std::to_string(k), {ReduceOp::kSum}));
+  }
+  for (Handle h : hs) ASSERT_TRUE(Wait(h).ok());
+  for (int k = 0; k < 100; ++k) EXPECT_EQ(t[k][15], static_cast<float>(k * N() * (N() - 1) / 2));
+  const uint64_t calls = GetStats()->allreduce_calls - before.allreduce_calls;
+  if (R() == 0) std::printf("[rank 0] 100 small allreduces took %llu allreduce calls\n",
+                            static_cast<unsigned long long>(calls));
+  if (EnvIs("HOROVOD_FUSION_THRESHOLD", "0")) {
+    EXPECT_EQ(calls, 100u);
+  } else {
+    EXPECT_LE(calls, 25u);
+  }
+}
+
+TEST(Core, OperationsAreAsynchronous) {
+  // Nothing can complete before rank 0 enqueues, and rank 0 waits 200 ms first.
+  std::vector<float> x(4, 1.0f);
+  if (R() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::atomic<int> callbacks{0};
+  Status seen = Status::Internal("callback never ran");
+  auto h = EnqueueAllreduce(View(x.data(), {4}), View(x.data(), {4}), "async", {ReduceOp::kSum},
+                            [&](const Status& s) {
+                              seen = s;
+                              ++callbacks;
+                            });
+  ASSERT_TRUE(h.ok());
+  if (R() != 0) {
+    EXPECT_FALSE(*Poll(*h));
+  }
+  ASSERT_TRUE(Wait(*h).ok());
+  EXPECT_EQ(callbacks.load(), 1);
+  EXPECT_TRUE(seen.ok());
+  EXPECT_EQ(x[0], static_cast<float>(N()));
+  EXPECT_EQ(Poll(*h).status().code(), StatusCode::kInvalidArgument);  // released by Wait
+}
+
+TEST(Core, BadInputIsRejectedLocallyWithAClearError) {
+  std::vector<float> f(4, 1.0f);
+  std::vector<float> g(5, 1.0f);
+  bool flags[4] = {true, false, true, false};
+  auto code_and_text = [](const Result<Handle>& r, const std::string& text) {
+    EXPECT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(text), std::string::npos) << r.status().message();
+  };
+  code_and_text(EnqueueAllreduce(TensorView{nullptr, DataType::kFloat32, {4}},
+                                 TensorView{nullptr, DataType::kFloat32, {4}}, "bad.null"),
+                "allreduce 'bad.null': tensor data pointer is null");
+  code_and_text(EnqueueAllreduce(View(f.data(), {-1}), View(f.data(), {-1}), "bad.neg"),
+                "negative dimension in shape [-1]");
+  code_and_text(EnqueueAllreduce(View(f.data(), {4}), View(g.data(), {5}), "bad.shape"),
+                "output shape [5] differs from input shape [4]");
+  code_and_text(EnqueueAllreduce(View(flags, {4}), View(flags, {4}), "bad.bool"),
+                "dtype bool is not supported for this operation");
+  code_and_text(EnqueueAllreduce(View(f.data(), {4}), View(f.data(), {4}), "bad.adasum",
+                                 {ReduceOp::kAdasum}),
+                "Adasum is not supported");
+  code_and_text(EnqueueAllreduce(View(f.data(), {4}), View(f.data(), {4}), "bad.set",
+                                 {ReduceOp::kSum, 1.0, 1.0, 7}),
+                "unknown process set 7");
+  code_and_text(EnqueueAllreduce(View(f.data(), {4}), View(f.data(), {4}), "bad.nan",
+                                 {ReduceOp::kSum, NAN, 1.0}),
+                "must be finite");
+  code_and_text(EnqueueBroadcast(View(f.data(), {4}), View(f.data(), {4}), N(), "bad.root"),
+                "broadcast 'bad.root': root rank " + std::to_string(N()) + " is out of range");
+  code_and_text(EnqueueBroadcast(View(f.data(), {4}), View(f.data(), {4}), -1, "bad.root2"),
+                "root rank -1 is out of range");
+  TensorView gpu = View(f.data(), {4});
+  gpu.device = 0;
+  code_and_text(EnqueueAllreduce(gpu, gpu, "bad.gpu"), "supports CPU tensors only");
+  // The process keeps working.
+  ASSERT_TRUE(Allreduce(View(f.data(), {4}), View(f.data(), {4}), "bad.after", {ReduceOp::kSum}).ok());
+  EXPECT_EQ(f[0], static_cast<float>(N()));
+}
+
+TEST(Core, ScalarsEmptyTensorsAndUnnamedOps) {
+  double scalar = R() + 1.0;
+  ASSERT_TRUE(Allreduce(View(&scalar, {}), View(&scalar, {}), "scalar", {ReduceOp::kMax}).ok());
+  EXPECT_EQ(scalar, static_cast<double>(N()));
+  std::vector<float> empty;
+  ASSERT_TRUE(Allreduce(TensorView{nullptr, DataType::kFloat32, {0, 3}},
+                        TensorView{nullptr, DataType::kFloat32, {0, 3}}, "empty")
+                  .ok());
+  // Unnamed ops get per-process numbered names, the same on every rank.
+  int32_t a = R(), b = 2 * R();
+  ASSERT_TRUE(Allreduce(View(&a, {}), View(&a, {}), "", {ReduceOp::kSum}).ok());
+  ASSERT_TRUE(Allreduce(View(&b, {}), View(&b, {}), "", {ReduceOp::kSum}).ok());
+  EXPECT_EQ(a, N() * (N() - 1) / 2);
+  EXPECT_EQ(b, N() * (N() - 1));
+}
+
+TEST(Core, BarrierWaitsForEveryRank) {
+  // The last rank arrives 300 ms late; nobody may leave the barrier before it arrives.
+  // (The previous test ended in a collective, so the ranks start this one nearly together.)
+  const double start = MPI_Wtime();
+  if (R() == N() - 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(Barrier().ok());
+  EXPECT_GE(MPI_Wtime() - start, 0.25);
+  ASSERT_TRUE(Barrier().ok());
+}
+
+}  // namespace
+}  // namespace hvd

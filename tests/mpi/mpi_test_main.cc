@@ -1,0 +1,92 @@
+// horovod_cpp — Apache-2.0
+// main() for GoogleTest binaries run under mpirun.
+//
+//  * MPI is initialised here (MPI_THREAD_MULTIPLE), so tests may use MPI_COMM_WORLD for
+//    independent cross-checks while horovod_cpp's background thread uses its own communicator.
+//  * hvd::Init() runs once before the tests; hvd::Shutdown() after.
+//  * Only rank 0 prints GoogleTest's normal output; every rank prints its own failures with a
+//    "[rank r]" prefix.
+//  * A watchdog thread calls MPI_Abort after HVD_TEST_WATCHDOG_SECONDS (default 90), naming the
+//    test that was running, so a rank stuck in a collective (because a peer failed an
+//    assertion and moved on) ends the whole job quickly.
+//  * All ranks agree on the exit code (MPI_Allreduce MIN of "passed").
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/horovod.h"
+
+namespace {
+
+int g_rank = 0;
+
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", g_rank,
+                 r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
+  }
+};
+
+std::mutex g_watch_mu;
+std::condition_variable g_watch_cv;
+bool g_done = false;
+
+void Watchdog(int seconds) {
+  std::unique_lock<std::mutex> lock(g_watch_mu);
+  if (g_watch_cv.wait_for(lock, std::chrono::seconds(seconds), [] { return g_done; })) return;
+  const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::fprintf(stderr,
+               "[rank %d] watchdog: still running after %d s (test %s.%s); calling MPI_Abort\n",
+               g_rank, seconds, t ? t->test_suite_name() : "-", t ? t->name() : "-");
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  ::testing::InitGoogleTest(&argc, argv);
+
+  ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
+  if (g_rank != 0) delete listeners.Release(listeners.default_result_printer());
+  listeners.Append(new RankFailurePrinter);
+
+  const char* env = std::getenv("HVD_TEST_WATCHDOG_SECONDS");
+  const int seconds = env ? std::atoi(env) : 90;
+  std::thread watchdog(Watchdog, seconds > 0 ? seconds : 90);
+
+  hvd::Status init = hvd::Init();
+  if (!init.ok()) {
+    std::fprintf(stderr, "[rank %d] hvd::Init failed: %s\n", g_rank, init.ToString().c_str());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  const int rc = RUN_ALL_TESTS();
+  int passed = rc == 0 ? 1 : 0, all_passed = 0;
+  MPI_Allreduce(&passed, &all_passed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  hvd::Shutdown().IgnoreError();
+
+  {
+    std::lock_guard<std::mutex> lock(g_watch_mu);
+    g_done = true;
+  }
+  g_watch_cv.notify_all();
+  watchdog.join();
+  if (g_rank == 0 && !all_passed && passed) {
+    std::fprintf(stderr, "[rank 0] another rank failed (see its [rank r] lines above)\n");
+  }
+  MPI_Finalize();
+  return all_passed ? 0 : 1;
+}

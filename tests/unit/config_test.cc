@@ -1,0 +1,122 @@
+// horovod_cpp — Apache-2.0
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "common/config.h"
+
+namespace hvd {
+namespace {
+
+Result<Config> Parse(const std::map<std::string, std::string>& env) {
+  return Config::FromEnv([&](const char* name) -> std::optional<std::string> {
+    auto it = env.find(name);
+    if (it == env.end()) return std::nullopt;
+    return it->second;
+  });
+}
+
+TEST(Config, DefaultsMatchHorovod) {
+  Result<Config> c = Parse({});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->fusion_threshold_bytes, 128 * 1024 * 1024);
+  EXPECT_EQ(c->cycle_time_ms, 1.0);
+  EXPECT_EQ(c->cache_capacity, 1024);
+  EXPECT_EQ(c->log_level, LogLevel::kWarning);
+  EXPECT_EQ(c->stall_check_time_seconds, 60.0);
+  EXPECT_EQ(c->stall_shutdown_time_seconds, 0.0);
+  EXPECT_EQ(c->timeline_path, "");
+  EXPECT_FALSE(c->timeline_mark_cycles);
+}
+
+TEST(Config, ParsesEveryKnob) {
+  Result<Config> c = Parse({{"HOROVOD_FUSION_THRESHOLD", "0"},
+                            {"HOROVOD_CYCLE_TIME", "0.25"},
+                            {"HOROVOD_CACHE_CAPACITY", " 16 "},
+                            {"HOROVOD_LOG_LEVEL", "DEBUG"},
+                            {"HOROVOD_STALL_CHECK_TIME_SECONDS", "5"},
+                            {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "10"},
+                            {"HOROVOD_TIMELINE", "/tmp/t.json"},
+                            {"HOROVOD_TIMELINE_MARK_CYCLES", "true"}});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->fusion_threshold_bytes, 0);
+  EXPECT_EQ(c->cycle_time_ms, 0.25);
+  EXPECT_EQ(c->cache_capacity, 16);
+  EXPECT_EQ(c->log_level, LogLevel::kDebug);
+  EXPECT_EQ(c->stall_check_time_seconds, 5.0);
+  EXPECT_EQ(c->stall_shutdown_time_seconds, 10.0);
+  EXPECT_EQ(c->timeline_path, "/tmp/t.json");
+  EXPECT_TRUE(c->timeline_mark_cycles);
+  EXPECT_TRUE(c->warnings.empty());
+}
+
+TEST(Config, EmptyValueKeepsTheDefault) {
+  Result<Config> c = Parse({{"HOROVOD_CYCLE_TIME", ""}});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->cycle_time_ms, 1.0);
+}
+
+struct BadValue {
+  const char* name;
+  const char* value;
+  const char* expected_message;
+};
+
+TEST(Config, MalformedValuesFailNamingVariableAndValue) {
+  const BadValue cases[] = {
+      {"HOROVOD_FUSION_THRESHOLD", "abc",
+       "HOROVOD_FUSION_THRESHOLD='abc' is not valid: expected an integer (bytes) in [0, "
+       "1099511627776]"},
+      {"HOROVOD_FUSION_THRESHOLD", "64MB", "HOROVOD_FUSION_THRESHOLD='64MB' is not valid"},
+      {"HOROVOD_FUSION_THRESHOLD", "-1", "HOROVOD_FUSION_THRESHOLD='-1' is not valid"},
+      {"HOROVOD_FUSION_THRESHOLD", "1e3", "HOROVOD_FUSION_THRESHOLD='1e3' is not valid"},
+      {"HOROVOD_FUSION_THRESHOLD", "99999999999999999999999",
+       "HOROVOD_FUSION_THRESHOLD='99999999999999999999999' is not valid"},
+      {"HOROVOD_CYCLE_TIME", "-0.5",
+       "HOROVOD_CYCLE_TIME='-0.5' is not valid: expected a number (milliseconds) in [0, 60000]"},
+      {"HOROVOD_CYCLE_TIME", "nan", "HOROVOD_CYCLE_TIME='nan' is not valid"},
+      {"HOROVOD_CYCLE_TIME", "5ms", "HOROVOD_CYCLE_TIME='5ms' is not valid"},
+      {"HOROVOD_CACHE_CAPACITY", "1.5", "HOROVOD_CACHE_CAPACITY='1.5' is not valid"},
+      {"HOROVOD_LOG_LEVEL", "loud",
+       "HOROVOD_LOG_LEVEL='loud' is not valid: expected one of trace, debug, info, warning, "
+       "error, fatal"},
+      {"HOROVOD_STALL_CHECK_TIME_SECONDS", "-1",
+       "HOROVOD_STALL_CHECK_TIME_SECONDS='-1' is not valid"},
+      {"HOROVOD_TIMELINE_MARK_CYCLES", "maybe",
+       "HOROVOD_TIMELINE_MARK_CYCLES='maybe' is not valid: expected one of 1, 0, true, false"},
+  };
+  for (const BadValue& bad : cases) {
+    Result<Config> c = Parse({{bad.name, bad.value}});
+    ASSERT_FALSE(c.ok()) << bad.name << "=" << bad.value << " was accepted";
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find(bad.expected_message), std::string::npos)
+        << "got: " << c.status().message();
+  }
+}
+
+TEST(Config, ShutdownShorterThanCheckIsIgnoredWithAWarning) {
+  Result<Config> c = Parse({{"HOROVOD_STALL_CHECK_TIME_SECONDS", "30"},
+                            {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "10"}});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->stall_shutdown_time_seconds, 0.0);
+  ASSERT_EQ(c->warnings.size(), 1u);
+  EXPECT_NE(c->warnings[0].find("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=10 is less than"),
+            std::string::npos);
+}
+
+TEST(Config, KnobTableDescribesEveryKnobOnce) {
+  std::vector<KnobSpec> table = KnobTable();
+  std::vector<std::string> names;
+  for (const KnobSpec& k : table) names.push_back(k.name);
+  const std::vector<std::string> expected = {
+      "HOROVOD_FUSION_THRESHOLD",         "HOROVOD_CYCLE_TIME",
+      "HOROVOD_CACHE_CAPACITY",           "HOROVOD_LOG_LEVEL",
+      "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+      "HOROVOD_TIMELINE",                 "HOROVOD_TIMELINE_MARK_CYCLES"};
+  EXPECT_EQ(names, expected);
+  const std::string text = DescribeKnobs();
+  for (const std::string& n : expected) EXPECT_NE(text.find(n), std::string::npos) << n;
+}
+
+}  // namespace
+}  // namespace hvd

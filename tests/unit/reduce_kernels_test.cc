@@ -1,0 +1,123 @@
+// horovod_cpp — Apache-2.0
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "ops/half.h"
+#include "ops/reduce_kernels.h"
+
+namespace hvd {
+namespace ops {
+namespace {
+
+// Reduces `ranks` buffers pairwise, as MPI does, and compares with a float64 reference.
+template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
+void Check16BitReduction(DataType dtype, double unit_roundoff) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-100.0f, 100.0f);
+  const int ranks = 4, n = 4096;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    std::vector<std::vector<uint16_t>> bufs(ranks, std::vector<uint16_t>(n));
+    for (auto& b : bufs) {
+      for (auto& x : b) {
+        float v = dist(rng);
+        if (op == ReduceOp::kProduct) v = 0.5f + std::fabs(v) / 100.0f;  // keep products small
+        x = FromF(v);
+      }
+    }
+    std::vector<uint16_t> acc = bufs[0];
+    for (int r = 1; r < ranks; ++r) ReduceInto(acc.data(), bufs[r].data(), n, dtype, op);
+    for (int i = 0; i < n; ++i) {
+      double exact = ToF(bufs[0][i]), magnitude = std::fabs(exact);
+      for (int r = 1; r < ranks; ++r) {
+        const double v = ToF(bufs[r][i]);
+        switch (op) {
+          case ReduceOp::kSum: exact += v; magnitude += std::fabs(v); break;
+          case ReduceOp::kMin: exact = std::min(exact, v); break;
+          case ReduceOp::kMax: exact = std::max(exact, v); break;
+          default: exact *= v; magnitude = std::fabs(exact); break;
+        }
+      }
+      const double got = ToF(acc[i]);
+      if (op == ReduceOp::kMin || op == ReduceOp::kMax) {
+        ASSERT_EQ(got, exact) << "i=" << i;
+      } else {
+        // ranks-1 roundings, each at most one unit roundoff of the running magnitude.
+        const double bound = (ranks - 1) * unit_roundoff * magnitude * 1.01 + 1e-30;
+        ASSERT_LE(std::fabs(got - exact), bound) << "op " << ReduceOpName(op) << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST(ReduceKernels, Float16ReductionMatchesFloat64Reference) {
+  Check16BitReduction<HalfToFloat, FloatToHalf>(DataType::kFloat16, std::ldexp(1.0, -11));
+}
+
+TEST(ReduceKernels, BFloat16ReductionMatchesFloat64Reference) {
+  Check16BitReduction<BFloat16ToFloat, FloatToBFloat16>(DataType::kBFloat16, std::ldexp(1.0, -8));
+}
+
+TEST(ReduceKernels, IntegerOps) {
+  std::vector<int32_t> a = {1, -5, 7, 0}, b = {3, 2, -7, 9};
+  std::vector<int32_t> x = a;
+  ReduceInto(x.data(), b.data(), 4, DataType::kInt32, ReduceOp::kSum);
+  EXPECT_EQ(x, (std::vector<int32_t>{4, -3, 0, 9}));
+  x = a;
+  ReduceInto(x.data(), b.data(), 4, DataType::kInt32, ReduceOp::kMin);
+  EXPECT_EQ(x, (std::vector<int32_t>{1, -5, -7, 0}));
+  x = a;
+  ReduceInto(x.data(), b.data(), 4, DataType::kInt32, ReduceOp::kMax);
+  EXPECT_EQ(x, (std::vector<int32_t>{3, 2, 7, 9}));
+  x = a;
+  ReduceInto(x.data(), b.data(), 4, DataType::kInt32, ReduceOp::kProduct);
+  EXPECT_EQ(x, (std::vector<int32_t>{3, -10, -49, 0}));
+  std::vector<uint8_t> u = {250, 3}, v = {10, 4};
+  ReduceInto(u.data(), v.data(), 2, DataType::kUInt8, ReduceOp::kSum);
+  EXPECT_EQ(u, (std::vector<uint8_t>{4, 7}));  // wraps like the C type
+}
+
+TEST(ReduceKernels, IntegerScalingTruncatesTowardZeroAndSaturates) {
+  std::vector<int32_t> i32 = {-5, 5, 7, -7};
+  ScaleBuffer(i32.data(), 4, DataType::kInt32, 0.5);
+  EXPECT_EQ(i32, (std::vector<int32_t>{-2, 2, 3, -3}));
+  std::vector<int8_t> i8 = {100, -100, 3};
+  ScaleBuffer(i8.data(), 3, DataType::kInt8, 2.0);
+  EXPECT_EQ(i8, (std::vector<int8_t>{127, -128, 6}));
+  std::vector<uint8_t> u8 = {200, 3};
+  ScaleBuffer(u8.data(), 2, DataType::kUInt8, -1.0);
+  EXPECT_EQ(u8, (std::vector<uint8_t>{0, 0}));
+  std::vector<int64_t> i64 = {INT64_MAX / 2 + 10};
+  ScaleBuffer(i64.data(), 1, DataType::kInt64, 4.0);
+  EXPECT_EQ(i64[0], INT64_MAX);
+}
+
+TEST(ReduceKernels, DivisionIsExactForIntegers) {
+  // 6 * (1/3) in double is 1.9999999999999998: multiplying would truncate to 1.
+  std::vector<int64_t> x = {6, -5, 5, 9, -9};
+  DivideBuffer(x.data(), 5, DataType::kInt64, 3);
+  EXPECT_EQ(x, (std::vector<int64_t>{2, -1, 1, 3, -3}));
+  std::vector<int16_t> y = {-5, 5};
+  DivideBuffer(y.data(), 2, DataType::kInt16, 2);
+  EXPECT_EQ(y, (std::vector<int16_t>{-2, 2}));
+  std::vector<double> d = {1.0, 2.0};
+  DivideBuffer(d.data(), 2, DataType::kFloat64, 3);
+  EXPECT_EQ(d[0], 1.0 / 3.0);
+  std::vector<uint16_t> h = {FloatToHalf(3.0f)};
+  DivideBuffer(h.data(), 1, DataType::kFloat16, 2);
+  EXPECT_EQ(HalfToFloat(h[0]), 1.5f);
+}
+
+TEST(ReduceKernels, FloatScaling) {
+  std::vector<float> f = {1.0f, -2.0f};
+  ScaleBuffer(f.data(), 2, DataType::kFloat32, 0.25);
+  EXPECT_EQ(f, (std::vector<float>{0.25f, -0.5f}));
+  std::vector<uint16_t> b = {FloatToBFloat16(3.0f)};
+  ScaleBuffer(b.data(), 1, DataType::kBFloat16, 2.0);
+  EXPECT_EQ(BFloat16ToFloat(b[0]), 6.0f);
+}
+
+}  // namespace
+}  // namespace ops
+}  // namespace hvd

@@ -1,0 +1,123 @@
+// horovod_cpp — Apache-2.0
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "common/handle_table.h"
+#include "common/tensor_queue.h"
+
+namespace hvd {
+namespace {
+
+TensorTableEntry Entry(const std::string& name, int32_t set = 0, std::atomic<int>* calls = nullptr,
+                       Status* last = nullptr) {
+  TensorTableEntry e;
+  e.request.tensor_name = name;
+  e.request.process_set_id = set;
+  e.callback = [calls, last](const Status& s) {
+    if (calls) ++*calls;
+    if (last) *last = s;
+  };
+  return e;
+}
+
+std::vector<TensorTableEntry> One(TensorTableEntry e) {
+  std::vector<TensorTableEntry> v;
+  v.push_back(std::move(e));
+  return v;
+}
+
+TEST(TensorQueue, AddPopTake) {
+  TensorQueue q;
+  ASSERT_TRUE(q.Add(One(Entry("a"))).ok());
+  ASSERT_TRUE(q.Add(One(Entry("b"))).ok());
+  std::vector<Request> reqs = q.PopNewRequests();
+  ASSERT_EQ(reqs.size(), 2u);
+  EXPECT_EQ(reqs[0].tensor_name, "a");
+  EXPECT_EQ(reqs[1].tensor_name, "b");
+  EXPECT_TRUE(q.PopNewRequests().empty());
+  EXPECT_EQ(q.size(), 2u);
+  auto taken = q.Take(0, {"b", "a"});
+  ASSERT_EQ(taken.size(), 2u);
+  EXPECT_EQ(taken[0].request.tensor_name, "b");
+  EXPECT_EQ(q.size(), 0u);
+}
+
+TEST(TensorQueue, DuplicateNameInFlightIsRejectedAtomically) {
+  TensorQueue q;
+  ASSERT_TRUE(q.Add(One(Entry("w"))).ok());
+  Status dup = q.Add(One(Entry("w")));
+  EXPECT_EQ(dup.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(dup.message().find("'w': a tensor with this name is already in flight"),
+            std::string::npos);
+  // Same name in another process set is a different tensor.
+  EXPECT_TRUE(q.Add(One(Entry("w", 1))).ok());
+  // A batch with one duplicate adds nothing.
+  std::vector<TensorTableEntry> batch;
+  batch.push_back(Entry("x"));
+  batch.push_back(Entry("x"));
+  EXPECT_FALSE(q.Add(std::move(batch)).ok());
+  EXPECT_EQ(q.size(), 2u);
+  // Once taken (completed), the name can be used again.
+  q.Take(0, {"w"});
+  EXPECT_TRUE(q.Add(One(Entry("w"))).ok());
+}
+
+TEST(TensorQueue, CloseCompletesEveryEntryOnceAndRejectsLaterAdds) {
+  TensorQueue q;
+  std::atomic<int> calls{0};
+  Status last;
+  for (const char* n : {"a", "b", "c"}) ASSERT_TRUE(q.Add(One(Entry(n, 0, &calls, &last))).ok());
+  q.Close(Status::Aborted("shut down"));
+  EXPECT_EQ(calls.load(), 3);
+  EXPECT_EQ(last, Status::Aborted("shut down"));
+  EXPECT_EQ(q.Add(One(Entry("d", 0, &calls))), Status::Aborted("shut down"));
+  q.Close(Status::Aborted("again"));
+  EXPECT_EQ(calls.load(), 3);  // nothing completed twice
+  q.Reset();
+  EXPECT_TRUE(q.Add(One(Entry("d"))).ok());
+}
+
+TEST(TensorQueue, AddWakesTheWaiterBeforeItsDeadline) {
+  TensorQueue q;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread waiter([&] { q.WaitForWork(start + std::chrono::seconds(30)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(q.Add(One(Entry("a"))).ok());
+  waiter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
+TEST(TensorQueue, ShutdownRequestWakesTheWaiter) {
+  TensorQueue q;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread waiter([&] { q.WaitForWork(start + std::chrono::seconds(30)); });
+  q.RequestShutdown();
+  waiter.join();
+  EXPECT_TRUE(q.shutdown_requested());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
+TEST(HandleTable, PollWaitAndRelease) {
+  HandleTable t;
+  Handle h = t.Allocate();
+  EXPECT_FALSE(*t.Poll(h));
+  std::thread completer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    t.Complete(h, Status::Aborted("bye"));
+  });
+  EXPECT_EQ(t.Wait(h), Status::Aborted("bye"));
+  completer.join();
+  EXPECT_EQ(t.Poll(h).status().code(), StatusCode::kInvalidArgument);  // released
+  EXPECT_EQ(t.Wait(h).code(), StatusCode::kInvalidArgument);
+  Handle h2 = t.Allocate();
+  EXPECT_NE(h2, h);
+  t.Complete(h2, Status::OK());
+  EXPECT_TRUE(*t.Poll(h2));
+  EXPECT_TRUE(t.Wait(h2).ok());
+  EXPECT_EQ(t.size(), 0u);
+}
+
+}  // namespace
+}  // namespace hvd
