@@ -1,7 +1,9 @@
 // horovod_cpp — Apache-2.0
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
+#include <sstream>
 
 #include "common/config.h"
 
@@ -116,6 +118,17 @@ TEST(Config, KnobTableDescribesEveryKnobOnce) {
   EXPECT_EQ(names, expected);
   const std::string text = DescribeKnobs();
   for (const std::string& n : expected) EXPECT_NE(text.find(n), std::string::npos) << n;
+}
+
+TEST(Config, DocsListEveryKnob) {
+  std::ifstream in(HVD_SOURCE_DIR "/docs/config.md");
+  ASSERT_TRUE(in.good()) << "docs/config.md not found";
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const KnobSpec& k : KnobTable()) {
+    EXPECT_NE(text.str().find(std::string("`") + k.name + "`"), std::string::npos)
+        << k.name << " is missing from docs/config.md";
+  }
 }
 
 }  // namespace
