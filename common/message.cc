@@ -16,12 +16,16 @@ enum class Kind : uint16_t { kRequestList = 1, kResponseList = 2 };
 constexpr size_t kMinRequestBytes = 4 + 4 + 4 * 4 + 8 * 2 + 4 * 3;
 constexpr size_t kMinResponseBytes = 4 + 4 * 4 + 8 * 2 + 4 * 3;
 
+void WriteEnums(wire::Writer& w, OpType type, DataType dtype, ReduceOp op) {
+  w.U8(static_cast<uint8_t>(type));
+  w.U8(static_cast<uint8_t>(dtype));
+  w.U8(static_cast<uint8_t>(op));
+  w.U8(0);  // reserved
+}
+
 void WriteRequest(wire::Writer& w, const Request& r) {
   w.I32(r.request_rank);
-  w.U8(static_cast<uint8_t>(r.type));
-  w.U8(static_cast<uint8_t>(r.dtype));
-  w.U8(static_cast<uint8_t>(r.reduce_op));
-  w.U8(0);  // reserved
+  WriteEnums(w, r.type, r.dtype, r.reduce_op);
   w.I32(r.root_rank);
   w.I32(r.device);
   w.I32(r.process_set_id);
@@ -34,10 +38,7 @@ void WriteRequest(wire::Writer& w, const Request& r) {
 }
 
 void WriteResponse(wire::Writer& w, const Response& r) {
-  w.U8(static_cast<uint8_t>(r.type));
-  w.U8(static_cast<uint8_t>(r.dtype));
-  w.U8(static_cast<uint8_t>(r.reduce_op));
-  w.U8(0);  // reserved
+  WriteEnums(w, r.type, r.dtype, r.reduce_op);
   w.I32(r.root_rank);
   w.I32(r.device);
   w.I32(r.process_set_id);

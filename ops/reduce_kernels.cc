@@ -89,73 +89,77 @@ void Scale16(uint16_t* buf, int64_t n, double factor) {
   for (int64_t i = 0; i < n; ++i) buf[i] = FromFloat(ToFloat(buf[i]) * f);
 }
 
+// Calls f(TypeTag<T>{}) with the C++ storage type of `dtype`; float16 and bfloat16 (stored as
+// uint16_t) get their own tags so the callee can convert through float32.
+struct Float16Tag {};
+struct BFloat16Tag {};
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+template <typename F>
+void VisitType(DataType dtype, F&& f) {
+  switch (dtype) {
+    case DataType::kUInt8: return f(TypeTag<uint8_t>{});
+    case DataType::kInt8: return f(TypeTag<int8_t>{});
+    case DataType::kUInt16: return f(TypeTag<uint16_t>{});
+    case DataType::kInt16: return f(TypeTag<int16_t>{});
+    case DataType::kInt32: return f(TypeTag<int32_t>{});
+    case DataType::kInt64: return f(TypeTag<int64_t>{});
+    case DataType::kFloat32: return f(TypeTag<float>{});
+    case DataType::kFloat64: return f(TypeTag<double>{});
+    case DataType::kBool: return f(TypeTag<bool>{});
+    case DataType::kFloat16: return f(TypeTag<Float16Tag>{});
+    case DataType::kBFloat16: return f(TypeTag<BFloat16Tag>{});
+  }
+}
+
 }  // namespace
 
 void ReduceInto(void* inout, const void* in, int64_t n, DataType dtype, ReduceOp op) {
-  switch (dtype) {
-    case DataType::kUInt8:
-      return ReduceTyped(static_cast<uint8_t*>(inout), static_cast<const uint8_t*>(in), n, op);
-    case DataType::kInt8:
-      return ReduceTyped(static_cast<int8_t*>(inout), static_cast<const int8_t*>(in), n, op);
-    case DataType::kUInt16:
-      return ReduceTyped(static_cast<uint16_t*>(inout), static_cast<const uint16_t*>(in), n, op);
-    case DataType::kInt16:
-      return ReduceTyped(static_cast<int16_t*>(inout), static_cast<const int16_t*>(in), n, op);
-    case DataType::kInt32:
-      return ReduceTyped(static_cast<int32_t*>(inout), static_cast<const int32_t*>(in), n, op);
-    case DataType::kInt64:
-      return ReduceTyped(static_cast<int64_t*>(inout), static_cast<const int64_t*>(in), n, op);
-    case DataType::kFloat32:
-      return ReduceTyped(static_cast<float*>(inout), static_cast<const float*>(in), n, op);
-    case DataType::kFloat64:
-      return ReduceTyped(static_cast<double*>(inout), static_cast<const double*>(in), n, op);
-    case DataType::kBool:
-      return ReduceTyped(static_cast<uint8_t*>(inout), static_cast<const uint8_t*>(in), n, op);
-    case DataType::kFloat16:
-      return Reduce16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(inout),
-                                                static_cast<const uint16_t*>(in), n, op);
-    case DataType::kBFloat16:
-      return Reduce16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(inout),
-                                                        static_cast<const uint16_t*>(in), n, op);
-  }
+  VisitType(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<T, Float16Tag>) {
+      Reduce16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(inout),
+                                         static_cast<const uint16_t*>(in), n, op);
+    } else if constexpr (std::is_same_v<T, BFloat16Tag>) {
+      Reduce16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(inout),
+                                                 static_cast<const uint16_t*>(in), n, op);
+    } else if constexpr (std::is_same_v<T, bool>) {  // as bytes (the API rejects bool reductions)
+      ReduceTyped(static_cast<uint8_t*>(inout), static_cast<const uint8_t*>(in), n, op);
+    } else {
+      ReduceTyped(static_cast<T*>(inout), static_cast<const T*>(in), n, op);
+    }
+  });
 }
 
 void ScaleBuffer(void* buf, int64_t n, DataType dtype, double factor) {
   if (factor == 1.0) return;
-  switch (dtype) {
-    case DataType::kUInt8: return ScaleTyped(static_cast<uint8_t*>(buf), n, factor);
-    case DataType::kInt8: return ScaleTyped(static_cast<int8_t*>(buf), n, factor);
-    case DataType::kUInt16: return ScaleTyped(static_cast<uint16_t*>(buf), n, factor);
-    case DataType::kInt16: return ScaleTyped(static_cast<int16_t*>(buf), n, factor);
-    case DataType::kInt32: return ScaleTyped(static_cast<int32_t*>(buf), n, factor);
-    case DataType::kInt64: return ScaleTyped(static_cast<int64_t*>(buf), n, factor);
-    case DataType::kFloat32: return ScaleTyped(static_cast<float*>(buf), n, factor);
-    case DataType::kFloat64: return ScaleTyped(static_cast<double*>(buf), n, factor);
-    case DataType::kFloat16:
-      return Scale16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(buf), n, factor);
-    case DataType::kBFloat16:
-      return Scale16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(buf), n, factor);
-    case DataType::kBool: return;
-  }
+  VisitType(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<T, Float16Tag>) {
+      Scale16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(buf), n, factor);
+    } else if constexpr (std::is_same_v<T, BFloat16Tag>) {
+      Scale16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(buf), n, factor);
+    } else if constexpr (!std::is_same_v<T, bool>) {  // scaling a bool means nothing
+      ScaleTyped(static_cast<T*>(buf), n, factor);
+    }
+  });
 }
 
 void DivideBuffer(void* buf, int64_t n, DataType dtype, int64_t divisor) {
   if (divisor == 1) return;
-  switch (dtype) {
-    case DataType::kUInt8: return DivideTyped(static_cast<uint8_t*>(buf), n, divisor);
-    case DataType::kInt8: return DivideTyped(static_cast<int8_t*>(buf), n, divisor);
-    case DataType::kUInt16: return DivideTyped(static_cast<uint16_t*>(buf), n, divisor);
-    case DataType::kInt16: return DivideTyped(static_cast<int16_t*>(buf), n, divisor);
-    case DataType::kInt32: return DivideTyped(static_cast<int32_t*>(buf), n, divisor);
-    case DataType::kInt64: return DivideTyped(static_cast<int64_t*>(buf), n, divisor);
-    case DataType::kFloat32: return DivideTyped(static_cast<float*>(buf), n, divisor);
-    case DataType::kFloat64: return DivideTyped(static_cast<double*>(buf), n, divisor);
-    case DataType::kFloat16:
-      return Divide16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(buf), n, divisor);
-    case DataType::kBFloat16:
-      return Divide16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(buf), n, divisor);
-    case DataType::kBool: return;
-  }
+  VisitType(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<T, Float16Tag>) {
+      Divide16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(buf), n, divisor);
+    } else if constexpr (std::is_same_v<T, BFloat16Tag>) {
+      Divide16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(buf), n, divisor);
+    } else if constexpr (!std::is_same_v<T, bool>) {
+      DivideTyped(static_cast<T*>(buf), n, divisor);
+    }
+  });
 }
 
 }  // namespace ops
