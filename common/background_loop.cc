@@ -16,13 +16,15 @@
 
 namespace hvd {
 
-BackgroundLoop::BackgroundLoop(TensorQueue* queue, Counters* counters)
-    : queue_(queue), counters_(counters) {}
+BackgroundLoop::BackgroundLoop(TensorQueue* queue, ProcessSetTable* sets, Counters* counters)
+    : queue_(queue), sets_(sets), counters_(counters) {}
 
 BackgroundLoop::~BackgroundLoop() { Stop(); }
 
-Status BackgroundLoop::Start(const Config& config, std::unique_ptr<ops::Backend> backend) {
+Status BackgroundLoop::Start(const Config& config, const InitOptions& options,
+                             std::unique_ptr<ops::Backend> backend) {
   config_ = config;
+  options_ = options;
   backend_ = std::move(backend);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -69,8 +71,10 @@ void BackgroundLoop::ThreadMain() {
   if (status.ok()) {
     topology_ = backend_->topology();
     SetLogRank(topology_.rank);
+    sets_->Reset(topology_.size, topology_.rank);
     status = SyncConfig();
   }
+  if (status.ok()) status = CreateStaticProcessSets();
   if (!status.ok()) backend_->Finalize().IgnoreError();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -117,9 +121,41 @@ Status BackgroundLoop::SyncConfig() {
   return Status::OK();
 }
 
+// Every rank must pass the same InitOptions::process_sets: rank 0's list is broadcast, each
+// rank compares, and one AND vote makes every rank fail together with the same message.
+Status BackgroundLoop::CreateStaticProcessSets() {
+  auto encode = [](const std::vector<std::vector<int>>& sets) {
+    wire::Writer w;
+    w.U32(static_cast<uint32_t>(sets.size()));
+    for (const auto& ranks : sets) w.I64Vec(std::vector<int64_t>(ranks.begin(), ranks.end()));
+    return w.bytes();
+  };
+  auto describe = [](const std::vector<std::vector<int>>& sets) {
+    std::string s = "[";
+    for (size_t i = 0; i < sets.size(); ++i) s += (i ? ", " : "") + RanksToString(sets[i]);
+    return s + "]";
+  };
+  const std::vector<uint8_t> mine = encode(options_.process_sets);
+  std::vector<uint8_t> root = mine;
+  HVD_RETURN_IF_ERROR(backend_->BroadcastBytes(&root, 0));
+  uint64_t same = root == mine ? 1 : 0;
+  HVD_RETURN_IF_ERROR(backend_->AllreduceBitsAnd(&same, 1));
+  if (!same) {
+    return Status::InvalidArgument(
+        "every rank must pass the same process sets to Init; this rank passed " +
+        describe(options_.process_sets) + (root == mine ? " like rank 0, but another rank did not"
+                                                        : ", which differs from rank 0's"));
+  }
+  for (const std::vector<int>& ranks : options_.process_sets) {
+    HVD_ASSIGN_OR_RETURN(int32_t id, sets_->Add(ranks));
+    HVD_RETURN_IF_ERROR(backend_->AddProcessSet(id, ranks));
+  }
+  return Status::OK();
+}
+
 Status BackgroundLoop::Loop() {
-  Controller controller(backend_.get(), config_, counters_);
-  OpExecutor executor(backend_.get(), counters_);
+  Controller controller(backend_.get(), config_, sets_, counters_);
+  OpExecutor executor(backend_.get(), sets_, counters_);
   const auto cycle_time = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
   size_t outstanding = 0;
@@ -138,18 +174,83 @@ Status BackgroundLoop::Loop() {
     idle = outcome->idle;
 
     for (const Response& group : FuseResponses(outcome->responses, config_.fusion_threshold_bytes)) {
-      std::vector<TensorTableEntry> entries = queue_->Take(group.process_set_id, group.tensor_names);
-      Status status = executor.Execute(group, entries);
-      // Count before completing, so a caller returning from Wait sees its tensor counted.
-      counters_->tensors_completed.fetch_add(entries.size(), std::memory_order_relaxed);
-      outstanding -= entries.size();
-      for (TensorTableEntry& e : entries) {
-        if (e.callback) e.callback(status);
-      }
-      if (!status.ok() && status.code() == StatusCode::kUnavailable) return status;
+      Result<size_t> done = Execute(group, executor);
+      if (!done.ok()) return done.status();
+      outstanding -= *done;
     }
-    if (outcome->shutdown) return Status::Aborted(outcome->shutdown_reason);
+    if (outcome->shutdown) {
+      const std::string& reason = outcome->shutdown_reason;
+      return outcome->shutdown_after_stall ? Status::DeadlineExceeded(reason)
+                                           : Status::Aborted(reason);
+    }
   }
+}
+
+Result<size_t> BackgroundLoop::Execute(const Response& group, OpExecutor& executor) {
+  const bool changes_sets =
+      group.type == OpType::kProcessSetAdd || group.type == OpType::kProcessSetRemove;
+  if (!changes_sets && !sets_->Get(group.process_set_id).ok()) return size_t{0};  // removed
+  if (!changes_sets && group.type != OpType::kError &&
+      !sets_->Get(group.process_set_id)->included) {
+    return size_t{0};  // another set's operation: its members run it
+  }
+  std::vector<std::optional<TensorTableEntry>> taken =
+      queue_->Take(group.process_set_id, group.tensor_names);
+  std::vector<TensorTableEntry> entries;
+  size_t mine = 0;
+  for (size_t i = 0; i < taken.size(); ++i) {
+    if (taken[i]) {
+      entries.push_back(std::move(*taken[i]));
+      ++mine;
+    } else if (group.type == OpType::kAllreduce) {
+      // This rank has joined: it contributes zeros of the agreed size.
+      TensorTableEntry zeros;
+      zeros.input = zeros.output = TensorView{nullptr, group.dtype, {group.tensor_sizes[i]}};
+      entries.push_back(std::move(zeros));
+    } else if (group.type != OpType::kError) {
+      return Status::Internal(std::string("rank has no entry for ") + OpTypeLowerName(group.type) +
+                              " '" + group.tensor_names[i] + "'");
+    }
+  }
+  if (group.type == OpType::kError && entries.empty()) return size_t{0};
+
+  Status status;
+  size_t failed_elsewhere = 0;
+  if (changes_sets) {
+    status = ChangeProcessSets(group, entries.empty() ? nullptr : &entries.front(), &failed_elsewhere);
+  } else {
+    status = executor.Execute(group, entries);
+  }
+  if (group.type == OpType::kJoin) {
+    for (TensorTableEntry& e : entries) e.result->value = group.last_joined_rank;
+  }
+  // Count before completing, so a caller returning from Wait sees its tensor counted.
+  counters_->tensors_completed.fetch_add(mine, std::memory_order_relaxed);
+  for (TensorTableEntry& e : entries) {
+    if (e.callback) e.callback(status);
+  }
+  if (status.code() == StatusCode::kUnavailable) return status;  // the transport is gone
+  return mine + failed_elsewhere;
+}
+
+// Agreed on every rank, in the same position of the same response list, so every rank's
+// table, communicators and ids stay identical.
+Status BackgroundLoop::ChangeProcessSets(const Response& group, TensorTableEntry* entry,
+                                         size_t* failed) {
+  if (group.type == OpType::kProcessSetAdd) {
+    const std::vector<int> ranks(group.rank_sizes.begin(), group.rank_sizes.end());
+    HVD_ASSIGN_OR_RETURN(int32_t id, sets_->Add(ranks));
+    HVD_RETURN_IF_ERROR(backend_->AddProcessSet(id, ranks));
+    if (entry) entry->result->value = id;
+    return Status::OK();
+  }
+  const int32_t id = static_cast<int32_t>(group.rank_sizes.front());
+  HVD_RETURN_IF_ERROR(sets_->Remove(id));
+  HVD_RETURN_IF_ERROR(backend_->RemoveProcessSet(id));
+  *failed = queue_->FailProcessSet(
+      id, Status::Aborted("process set " + std::to_string(id) +
+                          " was removed while this operation was pending"));
+  return Status::OK();
 }
 
 void BackgroundLoop::Finish(const Status& why) {
@@ -160,6 +261,11 @@ void BackgroundLoop::Finish(const Status& why) {
                               "); operations still pending or submitted later do not run. If "
                               "this is unexpected, look for the cause in the log of the rank "
                               "that shut down.");
+  } else if (why.code() == StatusCode::kDeadlineExceeded) {
+    HVD_LOG(ERROR) << "shutting down: " << reason;
+    pending = Status::DeadlineExceeded("horovod_cpp shut down after a stall (" + reason +
+                                       "); operations still pending or submitted later do not "
+                                       "run. Rank 0's log lists the tensors each rank missed.");
   } else {
     HVD_LOG(ERROR) << "the background loop stopped: " << why.ToString();
     pending = Status(why.code(), "horovod_cpp stopped after an error: " + reason);

@@ -32,6 +32,8 @@
 
 #include "common/config.h"
 #include "common/counters.h"
+#include "common/horovod.h"
+#include "common/process_set.h"
 #include "common/tensor_queue.h"
 #include "common/thread_annotations.h"
 #include "ops/backend.h"
@@ -44,14 +46,16 @@ class BackgroundLoop {
   // how long a shutdown on another rank takes to propagate to an idle rank.
   static constexpr std::chrono::milliseconds kIdleWait{100};
 
-  BackgroundLoop(TensorQueue* queue, Counters* counters);
+  BackgroundLoop(TensorQueue* queue, ProcessSetTable* sets, Counters* counters);
   ~BackgroundLoop();
   BackgroundLoop(const BackgroundLoop&) = delete;
   BackgroundLoop& operator=(const BackgroundLoop&) = delete;
 
-  // Starts the thread, which initialises `backend` and agrees on the configuration with the
-  // other ranks (rank 0's values win). Blocks until that is done; returns its status.
-  Status Start(const Config& config, std::unique_ptr<ops::Backend> backend);
+  // Starts the thread, which initialises `backend`, agrees on the configuration with the
+  // other ranks (rank 0's values win) and creates the process sets of `options` (every rank
+  // must pass the same). Blocks until that is done; returns its status.
+  Status Start(const Config& config, const InitOptions& options,
+               std::unique_ptr<ops::Backend> backend);
   // Requests a negotiated shutdown, joins the thread and finalises the backend.
   void Stop();
   // The loop is running (started, and not ended by a shutdown or an error).
@@ -64,12 +68,18 @@ class BackgroundLoop {
  private:
   void ThreadMain();
   Status SyncConfig();
+  Status CreateStaticProcessSets();
   Status Loop();
+  // Runs one agreed group; returns how many of this rank's entries it completed.
+  Result<size_t> Execute(const Response& group, class OpExecutor& executor);
+  Status ChangeProcessSets(const Response& group, TensorTableEntry* entry, size_t* failed);
   void Finish(const Status& why);
 
   TensorQueue* queue_;
+  ProcessSetTable* sets_;
   Counters* counters_;
   Config config_;
+  InitOptions options_;
   std::unique_ptr<ops::Backend> backend_;
   ops::Topology topology_;
   std::thread thread_;

@@ -134,6 +134,9 @@ const std::vector<Knob>& Knobs() {
       {{"HOROVOD_TIMELINE_MARK_CYCLES", "bool", "0", "0 or 1",
         "Add a CYCLE_START marker to the timeline for every negotiation cycle."},
        HVD_ASSIGN_FIELD(timeline_mark_cycles, ParseBool(name, value))},
+      {{"HOROVOD_DYNAMIC_PROCESS_SETS", "bool", "0", "0 or 1",
+        "Allow process sets to be added and removed after Init (by all ranks together)."},
+       HVD_ASSIGN_FIELD(dynamic_process_sets, ParseBool(name, value))},
   };
   return knobs;
 }

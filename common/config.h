@@ -37,6 +37,8 @@ struct Config {
   // Timeline output path ("" = off, "DYNAMIC" = started later through the API).
   std::string timeline_path;
   bool timeline_mark_cycles = false;
+  // Allow AddProcessSet/RemoveProcessSet after Init.
+  bool dynamic_process_sets = false;
 
   // Non-fatal remarks found while parsing (logged by Init).
   std::vector<std::string> warnings;

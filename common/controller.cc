@@ -1,7 +1,9 @@
 // horovod_cpp — Apache-2.0
 #include "common/controller.h"
 
-#include <set>
+#include <algorithm>
+
+#include "common/logging.h"
 
 namespace hvd {
 namespace {
@@ -12,6 +14,7 @@ constexpr uint64_t kNoShutdown = 1u << 0;
 constexpr uint64_t kNoMisses = 1u << 1;
 constexpr uint64_t kNoOutstanding = 1u << 2;
 constexpr uint64_t kNoInvalid = 1u << 3;
+constexpr uint64_t kNoJoined = 1u << 4;
 
 bool TestBit(const uint64_t* words, uint32_t bit) { return (words[bit / 64] >> (bit % 64)) & 1u; }
 void SetBit(uint64_t* words, uint32_t bit) { words[bit / 64] |= uint64_t{1} << (bit % 64); }
@@ -19,114 +22,163 @@ void ClearBit(uint64_t* words, uint32_t bit) { words[bit / 64] &= ~(uint64_t{1} 
 
 std::string RankList(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(ranks[i]);
-  }
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
   return s;
+}
+
+// What a rank outside a response's process set remembers in its cache: the key and kind,
+// enough to keep bit numbering identical everywhere; it never looks the entry up.
+Request Placeholder(const Response& r) {
+  Request q;
+  q.type = r.type;
+  q.dtype = r.dtype;
+  q.process_set_id = r.process_set_id;
+  q.tensor_name = r.tensor_names.front();
+  return q;
 }
 
 }  // namespace
 
-Controller::Controller(ops::Backend* backend, const Config& config, Counters* counters)
+Controller::Controller(ops::Backend* backend, const Config& config, const ProcessSetTable* sets,
+                       Counters* counters)
     : backend_(backend),
+      sets_(sets),
       counters_(counters),
-      cache_(static_cast<uint32_t>(config.cache_capacity)) {
-  if (backend_->topology().rank == 0) {
-    coordinator_ = std::make_unique<Coordinator>(backend_->topology().size);
+      cache_(static_cast<uint32_t>(config.cache_capacity)),
+      stall_(config.stall_check_time_seconds, config.stall_shutdown_time_seconds),
+      rank_(backend->topology().rank) {
+  if (rank_ == 0) {
+    coordinator_ = std::make_unique<Coordinator>(
+        [sets](int32_t id) { return sets->Ranks(id); });
   }
 }
 
 Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
                                           bool shutdown_requested, size_t outstanding) {
   counters_->cycles.fetch_add(1, std::memory_order_relaxed);
+  const Clock::time_point now = Clock::now();
   CycleOutcome outcome;
+  if (coordinator_) InspectStalls(now);
 
   // 1. Classify.
-  std::vector<Request> candidates = std::move(pending_hits_);
+  std::vector<PendingHit> candidates = std::move(pending_hits_);
   pending_hits_.clear();
-  for (Request& r : new_requests) candidates.push_back(std::move(r));
+  for (Request& r : new_requests) {
+    if (r.type == OpType::kJoin) joined_ = true;
+    candidates.push_back({std::move(r), now});
+  }
   std::vector<Request> misses;
-  std::vector<std::pair<uint32_t, Request>> hits;
+  std::vector<std::pair<uint32_t, PendingHit>> hits;
   std::set<uint32_t> my_invalid;
-  for (Request& r : candidates) {
-    if (cache_.capacity() == 0 || !ResponseCache::Cacheable(r)) {
-      misses.push_back(std::move(r));
+  for (PendingHit& c : candidates) {
+    const ResponseCache::Lookup found = cache_.Find(c.request);
+    const bool stalled = stall_.enabled() && now - c.since >= stall_.check_time();
+    if (found.state == ResponseCache::State::kHit && !stalled) {
+      hits.emplace_back(found.bit, std::move(c));
       continue;
     }
-    const ResponseCache::Lookup found = cache_.Find(r);
-    switch (found.state) {
-      case ResponseCache::State::kHit:
-        hits.emplace_back(found.bit, std::move(r));
-        break;
-      case ResponseCache::State::kInvalid:
-        my_invalid.insert(found.bit);
-        misses.push_back(std::move(r));
-        break;
-      case ResponseCache::State::kMiss:
-        misses.push_back(std::move(r));
-        break;
-    }
+    if (found.state != ResponseCache::State::kMiss) my_invalid.insert(found.bit);
+    misses.push_back(std::move(c.request));
   }
 
   // 2. Vote.
   const uint32_t num_bits = cache_.num_bits();
   const size_t bit_words = (num_bits + 63) / 64;
-  std::vector<uint64_t> words(1 + 2 * bit_words, 0);
+  std::vector<uint64_t> words(1 + 3 * bit_words, 0);
   uint64_t* status = &words[0];
   uint64_t* hit_words = words.data() + 1;
-  uint64_t* invalid_words = words.data() + 1 + bit_words;  // inverted
-  if (!shutdown_requested) *status |= kNoShutdown;
+  uint64_t* invalid_words = words.data() + 1 + bit_words;        // inverted
+  uint64_t* requested_words = words.data() + 1 + 2 * bit_words;  // inverted
+  if (!shutdown_requested && !stall_shutdown_) *status |= kNoShutdown;
   if (misses.empty()) *status |= kNoMisses;
   if (outstanding == 0) *status |= kNoOutstanding;
   if (my_invalid.empty()) *status |= kNoInvalid;
-  for (const auto& [bit, r] : hits) SetBit(hit_words, bit);
-  for (size_t i = 0; i < bit_words; ++i) invalid_words[i] = ~uint64_t{0};
+  if (!joined_) *status |= kNoJoined;
+  for (size_t i = 0; i < bit_words; ++i) invalid_words[i] = requested_words[i] = ~uint64_t{0};
+  for (const auto& [bit, hit] : hits) {
+    SetBit(hit_words, bit);
+    ClearBit(requested_words, bit);
+  }
   for (uint32_t bit : my_invalid) ClearBit(invalid_words, bit);
+  const std::vector<int32_t> my_sets = sets_->IdsIncluding(rank_);
+  for (uint32_t bit = 0; bit < num_bits; ++bit) {
+    if (!cache_.in_use(bit)) continue;
+    const Request& p = cache_.params(bit);
+    const bool member = std::binary_search(my_sets.begin(), my_sets.end(), p.process_set_id);
+    const bool zeros = joined_ && p.type == OpType::kAllreduce &&
+                       p.process_set_id == kGlobalProcessSetId;
+    if (!member || zeros) SetBit(hit_words, bit);  // neutral: "ready as far as I am concerned"
+  }
   HVD_RETURN_IF_ERROR(backend_->AllreduceBitsAnd(words.data(), static_cast<int>(words.size())));
 
   const bool any_shutdown = !(*status & kNoShutdown);
   const bool any_misses = !(*status & kNoMisses);
   const bool any_invalid = !(*status & kNoInvalid);
+  const bool any_joined = !(*status & kNoJoined);
   outcome.idle = (*status & kNoOutstanding) != 0;
 
   // 3. Invalidate, identically on every rank.
+  auto invalidated = [&](uint32_t bit) { return any_invalid && !TestBit(invalid_words, bit); };
   if (any_invalid) {
     for (uint32_t bit = 0; bit < num_bits; ++bit) {
-      if (!TestBit(invalid_words, bit)) cache_.Erase(bit);
+      if (invalidated(bit)) cache_.Erase(bit);
     }
   }
 
-  // 4. Fast path: bits every rank set, ascending. Read them before the slow path's Puts can
-  // evict anything.
-  for (auto& [bit, r] : hits) {
-    if (any_invalid && !TestBit(invalid_words, bit)) {
-      misses.push_back(std::move(r));
-    } else if (!TestBit(hit_words, bit)) {
-      pending_hits_.push_back(std::move(r));
+  // 4. Fast path. Read the released responses before the slow path's Puts can evict them.
+  auto released = [&](uint32_t bit) {
+    if (!TestBit(hit_words, bit) || TestBit(requested_words, bit) || invalidated(bit)) return false;
+    if (!any_joined) return true;
+    const Request& p = cache_.params(bit);
+    return p.type == OpType::kAllreduce && p.process_set_id == kGlobalProcessSetId;
+  };
+  for (auto& [bit, hit] : hits) {
+    if (invalidated(bit)) {
+      misses.push_back(std::move(hit.request));
+    } else if (!released(bit)) {
+      if (any_joined && hit.request.type != OpType::kAllreduce) {
+        misses.push_back(std::move(hit.request));  // rank 0 reports it: unsupported with Join
+      } else {
+        pending_hits_.push_back(std::move(hit));
+      }
     }
   }
   for (uint32_t bit = 0; bit < num_bits; ++bit) {
-    if (TestBit(hit_words, bit) && (!any_invalid || TestBit(invalid_words, bit))) {
+    if (released(bit)) {
       outcome.responses.push_back(cache_.Touch(bit));
       counters_->cache_hits.fetch_add(1, std::memory_order_relaxed);
     }
   }
 
   // 5. Slow path.
-  if (any_misses || any_invalid || any_shutdown) {
-    HVD_RETURN_IF_ERROR(SlowPath(std::move(misses), shutdown_requested, &outcome));
+  if (any_misses || any_invalid || any_shutdown || any_joined) {
+    HVD_RETURN_IF_ERROR(SlowPath(std::move(misses), shutdown_requested, any_joined, &outcome));
   }
   return outcome;
 }
 
-Status Controller::SlowPath(std::vector<Request> misses, bool shutdown_requested,
+void Controller::InspectStalls(Clock::time_point now) {
+  StallInspector::Verdict v = stall_.Check(coordinator_->PendingSince(now), now);
+  if (!v.warning.empty()) {
+    if (v.shutdown) {
+      HVD_LOG(ERROR) << v.warning;
+    } else {
+      HVD_LOG(WARNING) << v.warning;
+    }
+  }
+  if (v.shutdown && !stall_shutdown_) {
+    stall_shutdown_ = true;
+    stall_reason_ = v.shutdown_reason;
+  }
+}
+
+Status Controller::SlowPath(std::vector<Request> misses, bool shutdown_requested, bool any_joined,
                             CycleOutcome* outcome) {
   counters_->coordinator_rounds.fetch_add(1, std::memory_order_relaxed);
   RequestList mine;
   mine.shutdown = shutdown_requested;
   for (Request& r : misses) {
-    sent_[r.tensor_name] = r;
+    sent_[r.key()] = r;
     mine.requests.push_back(std::move(r));
   }
   std::vector<std::vector<uint8_t>> gathered;
@@ -136,7 +188,7 @@ Status Controller::SlowPath(std::vector<Request> misses, bool shutdown_requested
   if (coordinator_) {
     ResponseList list;
     std::vector<int> shutdown_ranks;
-    const auto now = Coordinator::Clock::now();
+    const auto now = Clock::now();
     for (size_t rank = 0; rank < gathered.size(); ++rank) {
       Result<RequestList> parsed = ParseRequestList(gathered[rank].data(), gathered[rank].size());
       if (!parsed.ok()) {
@@ -148,8 +200,13 @@ Status Controller::SlowPath(std::vector<Request> misses, bool shutdown_requested
       if (parsed->shutdown) shutdown_ranks.push_back(static_cast<int>(rank));
     }
     list.responses = coordinator_->TakeReadyResponses();
-    list.shutdown = !shutdown_ranks.empty();
-    if (list.shutdown) list.shutdown_reason = "shutdown requested by " + RankList(shutdown_ranks);
+    if (stall_shutdown_) {
+      list.shutdown = list.shutdown_after_stall = true;
+      list.shutdown_reason = stall_reason_;
+    } else if (!shutdown_ranks.empty()) {
+      list.shutdown = true;
+      list.shutdown_reason = "shutdown requested by " + RankList(shutdown_ranks);
+    }
     answer = SerializeResponseList(list);
   }
   HVD_RETURN_IF_ERROR(backend_->BroadcastBytes(&answer, 0));
@@ -157,22 +214,39 @@ Status Controller::SlowPath(std::vector<Request> misses, bool shutdown_requested
   if (!list.ok()) {
     return Status::Internal("unreadable response list from rank 0: " + list.status().message());
   }
-
   for (Response& resp : list->responses) {
-    auto it = sent_.find(resp.tensor_names.front());
-    if (it == sent_.end()) {
-      return Status::Internal("rank 0 answered for tensor '" + resp.tensor_names.front() +
-                              "', which this rank never sent");
-    }
-    if (resp.type != OpType::kError && ResponseCache::Cacheable(it->second)) {
-      cache_.Put(resp, it->second);
-    }
-    sent_.erase(it);
+    Absorb(resp, any_joined);
     outcome->responses.push_back(std::move(resp));
   }
   outcome->shutdown = list->shutdown;
+  outcome->shutdown_after_stall = list->shutdown_after_stall;
   outcome->shutdown_reason = list->shutdown_reason;
   return Status::OK();
+}
+
+void Controller::Absorb(const Response& resp, bool any_joined) {
+  if (resp.type == OpType::kJoin) joined_ = false;
+  if (resp.type == OpType::kProcessSetRemove && !resp.rank_sizes.empty()) {
+    const int32_t removed = static_cast<int32_t>(resp.rank_sizes.front());
+    cache_.EraseProcessSet(removed);
+    if (coordinator_) coordinator_->DropProcessSet(removed);
+    auto in_set = [removed](const Request& r) { return r.process_set_id == removed; };
+    pending_hits_.erase(std::remove_if(pending_hits_.begin(), pending_hits_.end(),
+                                       [&](const PendingHit& h) { return in_set(h.request); }),
+                        pending_hits_.end());
+    for (auto it = sent_.begin(); it != sent_.end();) {
+      it = in_set(it->second) ? sent_.erase(it) : std::next(it);
+    }
+  }
+  // Cache what was agreed, on every rank in the same order. Nothing is cached while a rank
+  // has joined (it has no request to remember), which every rank knows from the vote.
+  if (resp.type != OpType::kError && !any_joined && ResponseCache::Cacheable(resp)) {
+    auto it = sent_.find(TensorKey{resp.process_set_id, resp.tensor_names.front()});
+    cache_.Put(resp, it != sent_.end() ? it->second : Placeholder(resp));
+  }
+  for (const std::string& name : resp.tensor_names) {
+    sent_.erase(TensorKey{resp.process_set_id, name});
+  }
 }
 
 }  // namespace hvd

@@ -1,30 +1,38 @@
 // horovod_cpp — Apache-2.0
 #pragma once
 // Controller: one negotiation cycle, the protocol that makes every rank agree on which
-// tensors to run next and in what order.
+// tensors to run next and in what order. One control plane serves every process set.
 //
 // Each cycle:
 //  1. Classify this rank's pending requests against the ResponseCache: HIT (cached with the
-//     same parameters), INVALID (cached, but this request differs), or MISS.
-//  2. Vote: one bitwise-AND allreduce of [status word | hit bits | inverted invalid bits].
-//     The AND gives the bits every rank hit; inverted bits give the OR of "some rank has a
-//     miss / an invalid entry / wants to shut down / has work outstanding".
+//     same parameters), INVALID (cached, but this request differs), or MISS. A hit that has
+//     waited longer than the stall check time is treated as INVALID, so the tensor falls back
+//     to rank 0, where the stall inspector can see and report it.
+//  2. Vote: one bitwise-AND allreduce of
+//        [status word | hit bits | inverted invalid bits | inverted requested bits].
+//     The status word is stored inverted, so the AND yields "some rank has a miss / wants to
+//     shut down / has work outstanding / has an invalid entry / has joined". A rank also sets
+//     the hit bit of every cached tensor it has no part in (a process set it is not in; an
+//     allreduce of the global set while it has joined), so the AND means "every member is
+//     ready"; the requested bits (an OR, through inversion) make sure somebody really asked.
 //  3. Drop invalidated entries from every cache (same bits everywhere); a hit whose entry was
 //     dropped becomes a miss.
-//  4. Fast path: tensors whose bit all ranks set are ready; their cached responses are used
-//     in ascending bit order. A rank's hits that are not yet common wait for the next cycle.
-//  5. Slow path, only if some rank has a miss, an invalidation or a shutdown request: misses
-//     are gathered at rank 0, whose Coordinator validates them and answers with the tensors
-//     every rank has now asked for; the ResponseList is broadcast. Those responses are put
-//     into the cache in the same order on every rank.
-// The steady state of a training loop (the same tensors every step) is therefore one small
-// allreduce per cycle, with no round trip through rank 0.
+//  4. Fast path: released bits, ascending, use their cached responses. While a rank has
+//     joined, only global-set allreduces are released this way; other hits go to rank 0,
+//     which reports them as unsupported with Join.
+//  5. Slow path, only if some rank has a miss, an invalidation, a shutdown request or has
+//     joined: misses are gathered at global rank 0, whose Coordinator validates them and
+//     answers with the tensors that are now ready; the ResponseList is broadcast. Those
+//     responses are put into the cache in the same order on every rank.
+// The steady state of a training loop is one small allreduce per cycle, with no round trip
+// through rank 0. Rank 0 also runs the stall inspector every cycle.
 //
 // Owned and called by the background thread only.
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -33,7 +41,9 @@
 #include "common/coordinator.h"
 #include "common/counters.h"
 #include "common/message.h"
+#include "common/process_set.h"
 #include "common/response_cache.h"
+#include "common/stall_inspector.h"
 #include "ops/backend.h"
 
 namespace hvd {
@@ -41,8 +51,9 @@ namespace hvd {
 struct CycleOutcome {
   // Agreed, unfused responses in execution order (identical on every rank).
   std::vector<Response> responses;
-  // Some rank asked to shut down: run `responses`, then stop.
+  // Some rank asked to shut down (or the stall inspector did): run `responses`, then stop.
   bool shutdown = false;
+  bool shutdown_after_stall = false;
   std::string shutdown_reason;
   // No rank had outstanding work when the cycle started.
   bool idle = false;
@@ -50,7 +61,10 @@ struct CycleOutcome {
 
 class Controller {
  public:
-  Controller(ops::Backend* backend, const Config& config, Counters* counters);
+  using Clock = std::chrono::steady_clock;
+
+  Controller(ops::Backend* backend, const Config& config, const ProcessSetTable* sets,
+             Counters* counters);
   Controller(const Controller&) = delete;
   Controller& operator=(const Controller&) = delete;
 
@@ -60,16 +74,33 @@ class Controller {
                                 size_t outstanding);
 
  private:
-  Status SlowPath(std::vector<Request> misses, bool shutdown_requested, CycleOutcome* outcome);
+  struct PendingHit {
+    Request request;
+    Clock::time_point since;
+  };
+
+  Status SlowPath(std::vector<Request> misses, bool shutdown_requested, bool any_joined,
+                  CycleOutcome* outcome);
+  // Cache bookkeeping for the agreed slow-path responses, in order (identical on all ranks).
+  void Absorb(const Response& response, bool any_joined);
+  void InspectStalls(Clock::time_point now);
 
   ops::Backend* backend_;
+  const ProcessSetTable* sets_;
   Counters* counters_;
   ResponseCache cache_;
-  // This rank's requests that hit the cache but are not yet common to all ranks.
-  std::vector<Request> pending_hits_;
-  // This rank's requests sent to the coordinator and not yet answered, by name.
-  std::unordered_map<std::string, Request> sent_;
-  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  StallInspector stall_;
+  int rank_;
+  // This rank has called Join and the other ranks have not all joined yet.
+  bool joined_ = false;
+  // This rank's requests that hit the cache but are not yet released.
+  std::vector<PendingHit> pending_hits_;
+  // This rank's requests sent to the coordinator and not yet answered.
+  std::unordered_map<TensorKey, Request, TensorKeyHash> sent_;
+  std::unique_ptr<Coordinator> coordinator_;  // global rank 0 only
+  // Rank 0: the stall inspector asked for a shutdown; voted in the next cycle.
+  bool stall_shutdown_ = false;
+  std::string stall_reason_;
 };
 
 }  // namespace hvd

@@ -15,25 +15,33 @@ struct Counters {
   std::atomic<uint64_t> coordinator_rounds{0};
   std::atomic<uint64_t> allreduce_calls{0};
   std::atomic<uint64_t> broadcast_calls{0};
+  std::atomic<uint64_t> allgather_calls{0};
+  std::atomic<uint64_t> alltoall_calls{0};
+  std::atomic<uint64_t> reducescatter_calls{0};
   std::atomic<uint64_t> barrier_calls{0};
   std::atomic<uint64_t> tensors_completed{0};
   std::atomic<uint64_t> fusion_buffer_bytes{0};
 
   Stats Snapshot() const {
+    auto get = [](const std::atomic<uint64_t>& c) { return c.load(std::memory_order_relaxed); };
     Stats s;
-    s.cycles = cycles.load(std::memory_order_relaxed);
-    s.cache_hits = cache_hits.load(std::memory_order_relaxed);
-    s.coordinator_rounds = coordinator_rounds.load(std::memory_order_relaxed);
-    s.allreduce_calls = allreduce_calls.load(std::memory_order_relaxed);
-    s.broadcast_calls = broadcast_calls.load(std::memory_order_relaxed);
-    s.barrier_calls = barrier_calls.load(std::memory_order_relaxed);
-    s.tensors_completed = tensors_completed.load(std::memory_order_relaxed);
-    s.fusion_buffer_bytes = fusion_buffer_bytes.load(std::memory_order_relaxed);
+    s.cycles = get(cycles);
+    s.cache_hits = get(cache_hits);
+    s.coordinator_rounds = get(coordinator_rounds);
+    s.allreduce_calls = get(allreduce_calls);
+    s.broadcast_calls = get(broadcast_calls);
+    s.allgather_calls = get(allgather_calls);
+    s.alltoall_calls = get(alltoall_calls);
+    s.reducescatter_calls = get(reducescatter_calls);
+    s.barrier_calls = get(barrier_calls);
+    s.tensors_completed = get(tensors_completed);
+    s.fusion_buffer_bytes = get(fusion_buffer_bytes);
     return s;
   }
   void Reset() {
     for (auto* c : {&cycles, &cache_hits, &coordinator_rounds, &allreduce_calls, &broadcast_calls,
-                    &barrier_calls, &tensors_completed, &fusion_buffer_bytes}) {
+                    &allgather_calls, &alltoall_calls, &reducescatter_calls, &barrier_calls,
+                    &tensors_completed, &fusion_buffer_bytes}) {
       c->store(0);
     }
   }

@@ -15,13 +15,14 @@ Handle HandleTable::Allocate() {
   return h;
 }
 
-void HandleTable::Complete(Handle handle, const Status& status) {
+void HandleTable::Complete(Handle handle, const Status& status, std::vector<Output> outputs) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = states_.find(handle);
     HVD_CHECK(it != states_.end() && !it->second.done);
     it->second.done = true;
     it->second.status = status;
+    it->second.outputs = std::move(outputs);
   }
   cv_.notify_all();
 }
@@ -39,19 +40,24 @@ Result<bool> HandleTable::Poll(Handle handle) const {
 }
 
 Status HandleTable::Wait(Handle handle) {
+  Result<std::vector<Output>> r = WaitOutputs(handle);
+  return r.ok() ? Status::OK() : r.status();
+}
+
+Result<std::vector<Output>> HandleTable::WaitOutputs(Handle handle) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto it = states_.find(handle);
-  if (it == states_.end()) return Unknown(handle);
+  if (states_.find(handle) == states_.end()) return Unknown(handle);
   // Another thread waiting on the same handle may release it first.
   cv_.wait(lock, [&] {
     auto i = states_.find(handle);
     return i == states_.end() || i->second.done;
   });
-  it = states_.find(handle);
+  auto it = states_.find(handle);
   if (it == states_.end()) return Unknown(handle);
-  Status status = it->second.status;
+  State state = std::move(it->second);
   states_.erase(it);
-  return status;
+  if (!state.status.ok()) return state.status;
+  return std::move(state.outputs);
 }
 
 size_t HandleTable::size() const {

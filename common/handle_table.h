@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "common/horovod.h"
 #include "common/thread_annotations.h"
@@ -24,13 +25,16 @@ class HandleTable {
   // Any thread. A fresh handle in the "pending" state.
   Handle Allocate();
   // Background thread (or whoever completes the operation). Must be called once per handle.
-  void Complete(Handle handle, const Status& status);
+  // `outputs`: runtime-allocated results (allgather, alltoall, join, ...), if any.
+  void Complete(Handle handle, const Status& status, std::vector<Output> outputs = {});
   // Any thread. Forgets a handle that was never handed out (its enqueue failed).
   void Release(Handle handle);
   // Any thread. INVALID_ARGUMENT for an unknown (never issued or already waited) handle.
   Result<bool> Poll(Handle handle) const;
   // Any thread. Blocks until complete; returns the operation's status and releases the handle.
   Status Wait(Handle handle);
+  // As Wait, returning the outputs on success.
+  Result<std::vector<Output>> WaitOutputs(Handle handle);
 
   size_t size() const;
 
@@ -38,6 +42,7 @@ class HandleTable {
   struct State {
     bool done = false;
     Status status;
+    std::vector<Output> outputs;
   };
   static Status Unknown(Handle handle);
 

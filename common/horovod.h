@@ -24,8 +24,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "common/status.h"
 #include "common/types.h"
@@ -72,16 +74,44 @@ struct AllreduceOptions {
   int32_t process_set_id = kGlobalProcessSetId;
 };
 
+// A result whose size is only known once every rank has spoken (allgather, alltoall),
+// allocated by the runtime and owned through `data`. Join reports through `value`.
+struct Output {
+  std::shared_ptr<void> data;
+  DataType dtype = DataType::kFloat32;
+  TensorShape shape;
+  std::vector<int64_t> received_splits;  // alltoall: rows received from each rank of the set
+  int64_t value = -1;                    // join: the last rank to join; add_process_set: its id
+};
+
+// A process set as seen by the calling rank.
+struct ProcessSetInfo {
+  int32_t id = kGlobalProcessSetId;
+  std::vector<int> ranks;  // global ranks, sorted
+  int size = 0;
+  int rank = -1;           // this rank's index within the set, -1 if not included
+  bool included = false;
+};
+
+struct InitOptions {
+  // Process sets fixed at Init, as sorted lists of global ranks; they get ids 1, 2, ... in this
+  // order. Every rank must pass the same list.
+  std::vector<std::vector<int>> process_sets;
+};
+
 // Counters since Init, for tests and benchmarks.
 struct Stats {
   uint64_t cycles = 0;               // negotiation cycles run
   uint64_t cache_hits = 0;           // tensors negotiated through the bit-vector fast path
   uint64_t coordinator_rounds = 0;   // cycles that gathered requests at rank 0
-  uint64_t allreduce_calls = 0;      // data-plane allreduce collectives issued
-  uint64_t broadcast_calls = 0;      // data-plane broadcast collectives issued
+  uint64_t allreduce_calls = 0;      // data-plane collectives issued, by kind
+  uint64_t broadcast_calls = 0;
+  uint64_t allgather_calls = 0;
+  uint64_t alltoall_calls = 0;
+  uint64_t reducescatter_calls = 0;
   uint64_t barrier_calls = 0;
   uint64_t tensors_completed = 0;    // entries completed (success or error)
-  uint64_t fusion_buffer_bytes = 0;  // current size of the host fusion buffer
+  uint64_t fusion_buffer_bytes = 0;  // current size of the host fusion buffers
 };
 
 // ---- lifecycle and topology ---------------------------------------------------------------
@@ -89,6 +119,7 @@ struct Stats {
 // Starts the runtime: parses HOROVOD_* (a malformed value fails here, naming the variable),
 // initialises MPI if needed and starts the background thread. Idempotent.
 Status Init();
+Status Init(const InitOptions& options);
 // Negotiated with the other ranks: every rank's background thread stops, and every pending
 // operation completes with ABORTED. Idempotent; a no-op before Init.
 Status Shutdown();
@@ -102,6 +133,16 @@ Result<int> CrossRank();
 Result<int> CrossSize();
 // Whether MPI provides MPI_THREAD_MULTIPLE.
 Result<bool> MpiThreadsSupported();
+
+// ---- process sets -------------------------------------------------------------------------
+
+Result<ProcessSetInfo> GetProcessSet(int32_t id);
+Result<std::vector<int32_t>> ProcessSetIds();
+// Collective: every rank calls it with the same sorted ranks (HOROVOD_DYNAMIC_PROCESS_SETS=1
+// required). Returns the new set's id.
+Result<int32_t> AddProcessSet(const std::vector<int>& ranks);
+// Collective. Operations still pending in the set fail.
+Status RemoveProcessSet(int32_t id);
 
 // ---- asynchronous operations --------------------------------------------------------------
 
@@ -119,10 +160,59 @@ Result<Handle> EnqueueBroadcast(const TensorView& input, const TensorView& outpu
                                 int32_t process_set_id = kGlobalProcessSetId,
                                 StatusCallback callback = nullptr);
 
+// Concatenates every rank's `input` along dim 0 (dim 0 may differ per rank, the other
+// dimensions must agree). The result is allocated by the runtime: see WaitOutputs.
+Result<Handle> EnqueueAllgather(const TensorView& input, const std::string& name,
+                                int32_t process_set_id = kGlobalProcessSetId,
+                                StatusCallback callback = nullptr);
+
+// Sends splits[d] rows of dim 0 to rank d of the set (empty splits: dim 0 split evenly, which
+// must divide). The result (rows received from every rank, in rank order) and the received
+// splits come from WaitOutputs.
+Result<Handle> EnqueueAlltoall(const TensorView& input, const std::vector<int64_t>& splits,
+                               const std::string& name,
+                               int32_t process_set_id = kGlobalProcessSetId,
+                               StatusCallback callback = nullptr);
+
+// Reduces `input` (same shape everywhere) and scatters dim 0: rank i of the set receives
+// ReducescatterShape(...) rows, the first dim0 % size ranks one more. Sum or Average only.
+Result<Handle> EnqueueReducescatter(const TensorView& input, const TensorView& output,
+                                    const std::string& name,
+                                    const AllreduceOptions& options = {},
+                                    StatusCallback callback = nullptr);
+// The output shape of a reducescatter of `input_shape` on this rank of `process_set_id`.
+Result<TensorShape> ReducescatterShape(const TensorShape& input_shape,
+                                       int32_t process_set_id = kGlobalProcessSetId);
+
+// Grouped operations: one handle for a list of tensors, negotiated together and released in
+// the same cycle (so they are fused together). Members are named "<name>_<i>of<n>".
+Result<Handle> EnqueueGroupedAllreduce(const std::vector<TensorView>& inputs,
+                                       const std::vector<TensorView>& outputs,
+                                       const std::string& name,
+                                       const AllreduceOptions& options = {},
+                                       StatusCallback callback = nullptr);
+Result<Handle> EnqueueGroupedAllgather(const std::vector<TensorView>& inputs,
+                                       const std::string& name,
+                                       int32_t process_set_id = kGlobalProcessSetId,
+                                       StatusCallback callback = nullptr);
+Result<Handle> EnqueueGroupedReducescatter(const std::vector<TensorView>& inputs,
+                                           const std::vector<TensorView>& outputs,
+                                           const std::string& name,
+                                           const AllreduceOptions& options = {},
+                                           StatusCallback callback = nullptr);
+
+// This rank has no more data: until every rank has joined, it contributes zeros to the other
+// ranks' allreduces (Average still divides by the full size). Completes, with Output::value
+// set to the last rank to join, once every rank has joined.
+Result<Handle> EnqueueJoin(StatusCallback callback = nullptr);
+
 // True once the operation has completed. Does not release the handle.
 Result<bool> Poll(Handle handle);
 // Blocks until the operation completes and returns its status; releases the handle.
 Status Wait(Handle handle);
+// Like Wait, and also returns the runtime-allocated results: one Output per tensor (allgather,
+// alltoall, grouped ops in member order), or one carrying `value` (join, add_process_set).
+Result<std::vector<Output>> WaitOutputs(Handle handle);
 
 // ---- blocking conveniences ----------------------------------------------------------------
 
@@ -130,6 +220,15 @@ Status Allreduce(const TensorView& input, const TensorView& output, const std::s
                  const AllreduceOptions& options = {});
 Status Broadcast(const TensorView& input, const TensorView& output, int root_rank,
                  const std::string& name = "", int32_t process_set_id = kGlobalProcessSetId);
+Result<Output> Allgather(const TensorView& input, const std::string& name = "",
+                         int32_t process_set_id = kGlobalProcessSetId);
+Result<Output> Alltoall(const TensorView& input, const std::vector<int64_t>& splits = {},
+                        const std::string& name = "",
+                        int32_t process_set_id = kGlobalProcessSetId);
+Status Reducescatter(const TensorView& input, const TensorView& output,
+                     const std::string& name = "", const AllreduceOptions& options = {});
+// Returns the last rank to join (the same on every rank).
+Result<int> Join();
 // Returns once every rank of the process set has called Barrier.
 Status Barrier(int32_t process_set_id = kGlobalProcessSetId);
 

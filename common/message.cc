@@ -13,8 +13,8 @@ constexpr size_t kHeaderBytes = 16;
 enum class Kind : uint16_t { kRequestList = 1, kResponseList = 2 };
 
 // Smallest encodings, used to reject counts that cannot fit in the remaining bytes.
-constexpr size_t kMinRequestBytes = 4 + 4 + 4 * 4 + 8 * 2 + 4 * 3;
-constexpr size_t kMinResponseBytes = 4 + 4 * 4 + 8 * 2 + 4 * 3;
+constexpr size_t kMinRequestBytes = 4 + 4 + 4 * 4 + 8 * 2 + 4 * 4;
+constexpr size_t kMinResponseBytes = 4 + 5 * 4 + 8 * 2 + 4 * 4;
 
 void WriteEnums(wire::Writer& w, OpType type, DataType dtype, ReduceOp op) {
   w.U8(static_cast<uint8_t>(type));
@@ -29,9 +29,10 @@ void WriteRequest(wire::Writer& w, const Request& r) {
   w.I32(r.root_rank);
   w.I32(r.device);
   w.I32(r.process_set_id);
-  w.I32(r.group_id);
+  w.I32(r.group_size);
   w.F64(r.prescale_factor);
   w.F64(r.postscale_factor);
+  w.Str(r.group_name);
   w.Str(r.tensor_name);
   w.I64Vec(r.shape);
   w.I64Vec(r.splits);
@@ -43,11 +44,13 @@ void WriteResponse(wire::Writer& w, const Response& r) {
   w.I32(r.device);
   w.I32(r.process_set_id);
   w.I32(r.last_joined_rank);
+  w.I32(r.group_size);
   w.F64(r.prescale_factor);
   w.F64(r.postscale_factor);
   w.U32(static_cast<uint32_t>(r.tensor_names.size()));
   for (const std::string& n : r.tensor_names) w.Str(n);
   w.I64Vec(r.tensor_sizes);
+  w.I64Vec(r.rank_sizes);
   w.Str(r.error_message);
 }
 
@@ -72,9 +75,10 @@ Status ReadRequest(wire::Reader& rd, Request* r) {
   HVD_RETURN_IF_ERROR(rd.I32(&r->root_rank, "root rank"));
   HVD_RETURN_IF_ERROR(rd.I32(&r->device, "device"));
   HVD_RETURN_IF_ERROR(rd.I32(&r->process_set_id, "process set id"));
-  HVD_RETURN_IF_ERROR(rd.I32(&r->group_id, "group id"));
+  HVD_RETURN_IF_ERROR(rd.I32(&r->group_size, "group size"));
   HVD_RETURN_IF_ERROR(rd.F64(&r->prescale_factor, "prescale factor"));
   HVD_RETURN_IF_ERROR(rd.F64(&r->postscale_factor, "postscale factor"));
+  HVD_RETURN_IF_ERROR(rd.Str(&r->group_name, kMaxNameBytes, "group name"));
   HVD_RETURN_IF_ERROR(rd.Str(&r->tensor_name, kMaxNameBytes, "tensor name"));
   HVD_RETURN_IF_ERROR(rd.I64Vec(&r->shape, kMaxTensorRank, "tensor shape"));
   for (int64_t d : r->shape) {
@@ -89,6 +93,7 @@ Status ReadResponse(wire::Reader& rd, Response* r) {
   HVD_RETURN_IF_ERROR(rd.I32(&r->device, "device"));
   HVD_RETURN_IF_ERROR(rd.I32(&r->process_set_id, "process set id"));
   HVD_RETURN_IF_ERROR(rd.I32(&r->last_joined_rank, "last joined rank"));
+  HVD_RETURN_IF_ERROR(rd.I32(&r->group_size, "group size"));
   HVD_RETURN_IF_ERROR(rd.F64(&r->prescale_factor, "prescale factor"));
   HVD_RETURN_IF_ERROR(rd.F64(&r->postscale_factor, "postscale factor"));
   uint32_t n = 0;
@@ -98,6 +103,7 @@ Status ReadResponse(wire::Reader& rd, Response* r) {
     HVD_RETURN_IF_ERROR(rd.Str(&r->tensor_names[i], kMaxNameBytes, "tensor name"));
   }
   HVD_RETURN_IF_ERROR(rd.I64Vec(&r->tensor_sizes, kMaxSplits, "tensor sizes"));
+  HVD_RETURN_IF_ERROR(rd.I64Vec(&r->rank_sizes, kMaxSplits, "per-rank sizes"));
   return rd.Str(&r->error_message, kMaxErrorBytes, "error message");
 }
 
@@ -160,7 +166,8 @@ Status ExpectEnd(const wire::Reader& rd) {
 bool Request::operator==(const Request& o) const {
   return request_rank == o.request_rank && type == o.type && dtype == o.dtype &&
          reduce_op == o.reduce_op && root_rank == o.root_rank && device == o.device &&
-         process_set_id == o.process_set_id && group_id == o.group_id &&
+         process_set_id == o.process_set_id && group_size == o.group_size &&
+         group_name == o.group_name &&
          prescale_factor == o.prescale_factor && postscale_factor == o.postscale_factor &&
          tensor_name == o.tensor_name && shape == o.shape && splits == o.splits;
 }
@@ -168,9 +175,11 @@ bool Request::operator==(const Request& o) const {
 bool Response::operator==(const Response& o) const {
   return type == o.type && dtype == o.dtype && reduce_op == o.reduce_op &&
          root_rank == o.root_rank && device == o.device && process_set_id == o.process_set_id &&
-         last_joined_rank == o.last_joined_rank && prescale_factor == o.prescale_factor &&
+         last_joined_rank == o.last_joined_rank && group_size == o.group_size &&
+         prescale_factor == o.prescale_factor &&
          postscale_factor == o.postscale_factor && tensor_names == o.tensor_names &&
-         tensor_sizes == o.tensor_sizes && error_message == o.error_message;
+         tensor_sizes == o.tensor_sizes && rank_sizes == o.rank_sizes &&
+         error_message == o.error_message;
 }
 
 std::vector<uint8_t> SerializeRequestList(const RequestList& list) {
@@ -183,7 +192,7 @@ std::vector<uint8_t> SerializeRequestList(const RequestList& list) {
 
 std::vector<uint8_t> SerializeResponseList(const ResponseList& list) {
   wire::Writer w;
-  w.U8(list.shutdown ? 1 : 0);
+  w.U8(static_cast<uint8_t>((list.shutdown ? 1 : 0) | (list.shutdown_after_stall ? 2 : 0)));
   w.Str(list.shutdown_reason);
   w.U32(static_cast<uint32_t>(list.responses.size()));
   for (const Response& r : list.responses) WriteResponse(w, r);
@@ -209,9 +218,10 @@ Result<ResponseList> ParseResponseList(const uint8_t* data, size_t size) {
   HVD_ASSIGN_OR_RETURN(wire::Reader rd, Unframe(Kind::kResponseList, data, size));
   ResponseList list;
   uint8_t shutdown = 0;
-  HVD_RETURN_IF_ERROR(rd.U8(&shutdown, "shutdown flag"));
-  if (shutdown > 1) return Status::InvalidArgument("corrupt message: shutdown flag");
-  list.shutdown = shutdown == 1;
+  HVD_RETURN_IF_ERROR(rd.U8(&shutdown, "shutdown flags"));
+  if (shutdown > 3) return Status::InvalidArgument("corrupt message: shutdown flags");
+  list.shutdown = (shutdown & 1) != 0;
+  list.shutdown_after_stall = (shutdown & 2) != 0;
   HVD_RETURN_IF_ERROR(rd.Str(&list.shutdown_reason, kMaxErrorBytes, "shutdown reason"));
   uint32_t n = 0;
   HVD_RETURN_IF_ERROR(rd.Count(&n, kMinResponseBytes, "response count"));

@@ -14,6 +14,7 @@
 // truncated, corrupted or hostile buffer yields an error Status, never a crash or an over-read.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,23 @@
 #include "common/types.h"
 
 namespace hvd {
+
+// A tensor is identified by its process set and its name.
+struct TensorKey {
+  int32_t process_set_id = kGlobalProcessSetId;
+  std::string name;
+  bool operator==(const TensorKey& o) const {
+    return process_set_id == o.process_set_id && name == o.name;
+  }
+  bool operator<(const TensorKey& o) const {
+    return process_set_id != o.process_set_id ? process_set_id < o.process_set_id : name < o.name;
+  }
+};
+struct TensorKeyHash {
+  size_t operator()(const TensorKey& k) const {
+    return std::hash<std::string>()(k.name) * 31u + static_cast<size_t>(k.process_set_id);
+  }
+};
 
 struct Request {
   int32_t request_rank = 0;
@@ -30,13 +48,19 @@ struct Request {
   int32_t root_rank = -1;  // broadcast only
   int32_t device = kCpuDevice;
   int32_t process_set_id = kGlobalProcessSetId;
-  int32_t group_id = -1;  // grouped ops: all members are negotiated together
+  // Grouped ops: every member carries the group's name and size; the coordinator releases
+  // the members together once all of them are ready on every rank.
+  int32_t group_size = 0;
+  std::string group_name;
   double prescale_factor = 1.0;
   double postscale_factor = 1.0;
   std::string tensor_name;
   TensorShape shape;
-  std::vector<int64_t> splits;  // alltoall only
+  // ALLTOALL: elements of dim 0 sent to each rank of the set. PROCESS_SET_ADD: the ranks.
+  // PROCESS_SET_REMOVE: the id to remove.
+  std::vector<int64_t> splits;
 
+  TensorKey key() const { return {process_set_id, tensor_name}; }
   bool operator==(const Request& o) const;
 };
 
@@ -48,11 +72,17 @@ struct Response {
   int32_t device = kCpuDevice;
   int32_t process_set_id = kGlobalProcessSetId;
   int32_t last_joined_rank = -1;
+  int32_t group_size = 0;  // > 0: members of a grouped op (never cached)
   double prescale_factor = 1.0;
   double postscale_factor = 1.0;
   std::vector<std::string> tensor_names;
-  // Elements per tensor, in tensor_names order (allreduce/broadcast).
+  // Per tensor, in tensor_names order: ALLREDUCE/BROADCAST/REDUCESCATTER: elements;
+  // ALLGATHER/ALLTOALL: elements of one row (product of the dims after the first).
   std::vector<int64_t> tensor_sizes;
+  // ALLGATHER: first dimension of every rank of the set, for each tensor in turn.
+  // ALLTOALL: the set-size x set-size split matrix (row r: what rank r sends to each rank).
+  // PROCESS_SET_ADD: the ranks of the new set; PROCESS_SET_REMOVE: the id.
+  std::vector<int64_t> rank_sizes;
   std::string error_message;  // ERROR responses only
 
   bool operator==(const Response& o) const;
@@ -69,10 +99,11 @@ struct RequestList {
 struct ResponseList {
   std::vector<Response> responses;
   bool shutdown = false;
-  std::string shutdown_reason;  // why, when shutdown is set (e.g. "requested by rank 1")
+  bool shutdown_after_stall = false;  // the stall inspector, not a Shutdown() call
+  std::string shutdown_reason;        // why, when shutdown is set (e.g. "requested by rank 1")
   bool operator==(const ResponseList& o) const {
     return responses == o.responses && shutdown == o.shutdown &&
-           shutdown_reason == o.shutdown_reason;
+           shutdown_after_stall == o.shutdown_after_stall && shutdown_reason == o.shutdown_reason;
   }
 };
 
@@ -80,7 +111,7 @@ constexpr uint16_t kWireVersion = 1;
 // Limits enforced by the parser (a real message is far below them).
 constexpr size_t kMaxNameBytes = 1 << 20;
 constexpr size_t kMaxTensorRank = 64;
-constexpr size_t kMaxSplits = 1 << 20;
+constexpr size_t kMaxSplits = size_t{1} << 24;  // e.g. a 4096 x 4096 alltoall matrix
 constexpr size_t kMaxErrorBytes = 1 << 20;
 
 std::vector<uint8_t> SerializeRequestList(const RequestList& list);

@@ -1,132 +1,329 @@
 // horovod_cpp — Apache-2.0
 #include "common/op_executor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 
+#include "common/coordinator.h"
 #include "ops/reduce_kernels.h"
 
 namespace hvd {
+namespace {
+
+int64_t RowElements(const TensorShape& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+std::vector<int64_t> Displacements(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> d(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
+  return d;
+}
+
+// A runtime-owned result buffer (at least one byte, so that empty results have an address).
+std::shared_ptr<void> Allocate(int64_t bytes) {
+  void* p = std::malloc(static_cast<size_t>(std::max<int64_t>(bytes, 1)));
+  HVD_CHECK(p != nullptr);
+  return std::shared_ptr<void>(p, std::free);
+}
+
+void Copy(void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+}
+
+}  // namespace
 
 void OpExecutor::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
-OpExecutor::OpExecutor(ops::Backend* backend, Counters* counters)
-    : backend_(backend), counters_(counters) {}
+OpExecutor::OpExecutor(ops::Backend* backend, const ProcessSetTable* sets, Counters* counters)
+    : backend_(backend), sets_(sets), counters_(counters) {}
 
-uint8_t* OpExecutor::FusionBuffer(int64_t bytes) {
-  if (bytes > buffer_bytes_) {
+uint8_t* OpExecutor::Buffer(int which, int64_t bytes) {
+  if (bytes > buffer_bytes_[which]) {
     constexpr int64_t kAlign = 64;
     const int64_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
-    buffer_.reset(static_cast<uint8_t*>(std::aligned_alloc(kAlign, static_cast<size_t>(rounded))));
-    HVD_CHECK(buffer_ != nullptr);
-    buffer_bytes_ = rounded;
-    counters_->fusion_buffer_bytes.store(static_cast<uint64_t>(rounded));
+    buffers_[which].reset(
+        static_cast<uint8_t*>(std::aligned_alloc(kAlign, static_cast<size_t>(rounded))));
+    HVD_CHECK(buffers_[which] != nullptr);
+    buffer_bytes_[which] = rounded;
+    counters_->fusion_buffer_bytes.store(
+        static_cast<uint64_t>(buffer_bytes_[0] + buffer_bytes_[1]));
   }
-  return buffer_.get();
+  return buffers_[which].get();
+}
+
+Result<OpExecutor::Set> OpExecutor::SetOf(int32_t process_set_id) const {
+  HVD_ASSIGN_OR_RETURN(ProcessSetInfo info, sets_->Get(process_set_id));
+  if (!info.included) {
+    return Status::Internal("asked to run an operation of process set " +
+                            std::to_string(process_set_id) + ", which this rank is not in");
+  }
+  return Set{info.size, info.rank, std::move(info.ranks)};
 }
 
 Status OpExecutor::Execute(const Response& response, std::vector<TensorTableEntry>& entries) {
+  if (response.type == OpType::kError) return Status::FailedPrecondition(response.error_message);
+  if (response.type == OpType::kJoin) return Status::OK();
+  HVD_ASSIGN_OR_RETURN(Set set, SetOf(response.process_set_id));
   switch (response.type) {
-    case OpType::kError:
-      return Status::FailedPrecondition(response.error_message);
     case OpType::kAllreduce:
-      return ExecuteAllreduce(response, entries);
+      return ExecuteAllreduce(response, set, entries);
     case OpType::kBroadcast:
-      return ExecuteBroadcast(response, entries);
+      return ExecuteBroadcast(response, set, entries);
+    case OpType::kAllgather:
+      return ExecuteAllgather(response, set, entries);
+    case OpType::kAlltoall:
+      return ExecuteAlltoall(response, set, entries);
+    case OpType::kReducescatter:
+      return ExecuteReducescatter(response, set, entries);
     case OpType::kBarrier:
       counters_->barrier_calls.fetch_add(1, std::memory_order_relaxed);
-      return backend_->Barrier();
+      return backend_->Barrier(response.process_set_id);
     default:
       return Status::Internal(std::string("no executor for ") + OpTypeName(response.type));
   }
 }
 
-Status OpExecutor::ExecuteAllreduce(const Response& r, std::vector<TensorTableEntry>& entries) {
+void OpExecutor::FinishReduction(const Response& r, const Set& set, void* buf, int64_t n) {
+  if (r.reduce_op == ReduceOp::kAverage) ops::DivideBuffer(buf, n, r.dtype, set.size);
+  ops::ScaleBuffer(buf, n, r.dtype, r.postscale_factor);
+}
+
+Status OpExecutor::ExecuteAllreduce(const Response& r, const Set& set,
+                                    std::vector<TensorTableEntry>& entries) {
   const DataType dtype = r.dtype;
   const int64_t elem = DataTypeSize(dtype);
-  // Average = Sum, then an exact division by the number of ranks, then the postscale.
-  const bool average = r.reduce_op == ReduceOp::kAverage;
-  const ReduceOp op = average ? ReduceOp::kSum : r.reduce_op;
-  const int64_t ranks = backend_->topology().size;
-  auto finish = [&](void* buf, int64_t n) {
-    if (average) ops::DivideBuffer(buf, n, dtype, ranks);
-    ops::ScaleBuffer(buf, n, dtype, r.postscale_factor);
-  };
+  const ReduceOp op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
+  const int32_t ps = r.process_set_id;
 
   if (entries.size() == 1) {
     TensorTableEntry& e = entries.front();
-    const int64_t n = NumElements(e.output.shape);
+    const int64_t n = r.tensor_sizes.front();
     if (n == 0) return Status::OK();
+    counters_->allreduce_calls.fetch_add(1, std::memory_order_relaxed);
+    if (e.input.data == nullptr) {  // joined: contribute zeros, keep nothing
+      uint8_t* zeros = Buffer(1, n * elem);
+      std::memset(zeros, 0, static_cast<size_t>(n * elem));
+      return backend_->Allreduce(ps, nullptr, zeros, n, dtype, op);
+    }
     const bool aliased = e.input.data == e.output.data;
     const void* send = aliased ? nullptr : e.input.data;
     if (r.prescale_factor != 1.0) {
       // Scale a copy, never the caller's input.
-      if (!aliased) std::memcpy(e.output.data, e.input.data, static_cast<size_t>(n * elem));
+      if (!aliased) Copy(e.output.data, e.input.data, n * elem);
       ops::ScaleBuffer(e.output.data, n, dtype, r.prescale_factor);
       send = nullptr;
     }
-    counters_->allreduce_calls.fetch_add(1, std::memory_order_relaxed);
-    HVD_RETURN_IF_ERROR(backend_->Allreduce(send, e.output.data, n, dtype, op));
-    finish(e.output.data, n);
+    HVD_RETURN_IF_ERROR(backend_->Allreduce(ps, send, e.output.data, n, dtype, op));
+    FinishReduction(r, set, e.output.data, n);
     return Status::OK();
   }
 
-  int64_t total = 0;
-  for (const TensorTableEntry& e : entries) total += NumElements(e.input.shape);
+  const int64_t total = std::accumulate(r.tensor_sizes.begin(), r.tensor_sizes.end(), int64_t{0});
   if (total == 0) return Status::OK();
-  uint8_t* buf = FusionBuffer(total * elem);
+  uint8_t* buf = Buffer(0, total * elem);
   int64_t offset = 0;
-  for (const TensorTableEntry& e : entries) {
-    const int64_t bytes = NumElements(e.input.shape) * elem;
-    std::memcpy(buf + offset, e.input.data, static_cast<size_t>(bytes));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const int64_t bytes = r.tensor_sizes[i] * elem;
+    if (entries[i].input.data == nullptr) {
+      std::memset(buf + offset, 0, static_cast<size_t>(bytes));
+    } else {
+      Copy(buf + offset, entries[i].input.data, bytes);
+    }
     offset += bytes;
   }
   ops::ScaleBuffer(buf, total, dtype, r.prescale_factor);
   counters_->allreduce_calls.fetch_add(1, std::memory_order_relaxed);
-  HVD_RETURN_IF_ERROR(backend_->Allreduce(nullptr, buf, total, dtype, op));
-  finish(buf, total);
+  HVD_RETURN_IF_ERROR(backend_->Allreduce(ps, nullptr, buf, total, dtype, op));
+  FinishReduction(r, set, buf, total);
   offset = 0;
-  for (TensorTableEntry& e : entries) {
-    const int64_t bytes = NumElements(e.output.shape) * elem;
-    std::memcpy(e.output.data, buf + offset, static_cast<size_t>(bytes));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const int64_t bytes = r.tensor_sizes[i] * elem;
+    if (entries[i].output.data != nullptr) Copy(entries[i].output.data, buf + offset, bytes);
     offset += bytes;
   }
   return Status::OK();
 }
 
-Status OpExecutor::ExecuteBroadcast(const Response& r, std::vector<TensorTableEntry>& entries) {
+Status OpExecutor::ExecuteBroadcast(const Response& r, const Set& set,
+                                    std::vector<TensorTableEntry>& entries) {
   const int64_t elem = DataTypeSize(r.dtype);
-  const bool is_root = backend_->topology().rank == r.root_rank;
+  const auto pos = std::lower_bound(set.ranks.begin(), set.ranks.end(), r.root_rank);
+  const int root = static_cast<int>(pos - set.ranks.begin());
+  const bool is_root = root == set.rank;
 
   if (entries.size() == 1) {
     TensorTableEntry& e = entries.front();
-    const int64_t bytes = NumElements(e.output.shape) * elem;
+    const int64_t bytes = r.tensor_sizes.front() * elem;
     if (bytes == 0) return Status::OK();
-    if (is_root && e.input.data != e.output.data) {
-      std::memcpy(e.output.data, e.input.data, static_cast<size_t>(bytes));
-    }
+    if (is_root && e.input.data != e.output.data) Copy(e.output.data, e.input.data, bytes);
     counters_->broadcast_calls.fetch_add(1, std::memory_order_relaxed);
-    return backend_->Broadcast(e.output.data, bytes, r.root_rank);
+    return backend_->Broadcast(r.process_set_id, e.output.data, bytes, root);
   }
 
-  int64_t total = 0;
-  for (const TensorTableEntry& e : entries) total += NumElements(e.output.shape) * elem;
+  const int64_t total =
+      elem * std::accumulate(r.tensor_sizes.begin(), r.tensor_sizes.end(), int64_t{0});
   if (total == 0) return Status::OK();
-  uint8_t* buf = FusionBuffer(total);
+  uint8_t* buf = Buffer(0, total);
   if (is_root) {
     int64_t offset = 0;
-    for (const TensorTableEntry& e : entries) {
-      const int64_t bytes = NumElements(e.input.shape) * elem;
-      std::memcpy(buf + offset, e.input.data, static_cast<size_t>(bytes));
-      offset += bytes;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      Copy(buf + offset, entries[i].input.data, r.tensor_sizes[i] * elem);
+      offset += r.tensor_sizes[i] * elem;
     }
   }
   counters_->broadcast_calls.fetch_add(1, std::memory_order_relaxed);
-  HVD_RETURN_IF_ERROR(backend_->Broadcast(buf, total, r.root_rank));
+  HVD_RETURN_IF_ERROR(backend_->Broadcast(r.process_set_id, buf, total, root));
   int64_t offset = 0;
-  for (TensorTableEntry& e : entries) {
-    const int64_t bytes = NumElements(e.output.shape) * elem;
-    std::memcpy(e.output.data, buf + offset, static_cast<size_t>(bytes));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Copy(entries[i].output.data, buf + offset, r.tensor_sizes[i] * elem);
+    offset += r.tensor_sizes[i] * elem;
+  }
+  return Status::OK();
+}
+
+Status OpExecutor::ExecuteAllgather(const Response& r, const Set& set,
+                                    std::vector<TensorTableEntry>& entries) {
+  const int64_t elem = DataTypeSize(r.dtype);
+  const size_t n = static_cast<size_t>(set.size);
+  const size_t count = entries.size();
+  // rows(t, q): first dimension rank q of the set contributed to tensor t.
+  auto rows = [&](size_t t, size_t q) { return r.rank_sizes[t * n + q]; };
+
+  // Allocate every result: dim 0 is the sum over ranks; the other dims are this rank's.
+  for (size_t t = 0; t < count; ++t) {
+    TensorTableEntry& e = entries[t];
+    int64_t dim0 = 0;
+    for (size_t q = 0; q < n; ++q) dim0 += rows(t, q);
+    TensorShape shape = e.input.shape;
+    shape[0] = dim0;
+    e.result->dtype = r.dtype;
+    e.result->shape = shape;
+    e.result->data = Allocate(NumElements(shape) * elem);
+  }
+  counters_->allgather_calls.fetch_add(1, std::memory_order_relaxed);
+
+  if (count == 1) {
+    TensorTableEntry& e = entries.front();
+    const int64_t row = r.tensor_sizes.front();
+    std::vector<int64_t> counts(n);
+    for (size_t q = 0; q < n; ++q) counts[q] = rows(0, q) * row;
+    return backend_->Allgatherv(r.process_set_id, e.input.data, counts[set.rank],
+                                e.result->data.get(), counts, Displacements(counts), r.dtype);
+  }
+
+  // Fused: pack this rank's tensors, gather one block per rank, unpack tensor by tensor.
+  std::vector<int64_t> counts(n, 0);
+  for (size_t q = 0; q < n; ++q) {
+    for (size_t t = 0; t < count; ++t) counts[q] += rows(t, q) * r.tensor_sizes[t];
+  }
+  const std::vector<int64_t> displs = Displacements(counts);
+  const int64_t total = displs.back() + counts.back();
+  uint8_t* send = Buffer(0, counts[set.rank] * elem);
+  uint8_t* recv = Buffer(1, total * elem);
+  int64_t offset = 0;
+  for (size_t t = 0; t < count; ++t) {
+    const int64_t bytes = rows(t, set.rank) * r.tensor_sizes[t] * elem;
+    Copy(send + offset, entries[t].input.data, bytes);
+    offset += bytes;
+  }
+  HVD_RETURN_IF_ERROR(backend_->Allgatherv(r.process_set_id, send, counts[set.rank], recv, counts,
+                                           displs, r.dtype));
+  std::vector<int64_t> out_offset(count, 0);
+  for (size_t q = 0; q < n; ++q) {
+    int64_t in_block = displs[q] * elem;
+    for (size_t t = 0; t < count; ++t) {
+      const int64_t bytes = rows(t, q) * r.tensor_sizes[t] * elem;
+      Copy(static_cast<uint8_t*>(entries[t].result->data.get()) + out_offset[t], recv + in_block,
+           bytes);
+      out_offset[t] += bytes;
+      in_block += bytes;
+    }
+  }
+  return Status::OK();
+}
+
+Status OpExecutor::ExecuteAlltoall(const Response& r, const Set& set,
+                                   std::vector<TensorTableEntry>& entries) {
+  const int64_t elem = DataTypeSize(r.dtype);
+  const size_t n = static_cast<size_t>(set.size);
+  const size_t me = static_cast<size_t>(set.rank);
+  const int64_t row = r.tensor_sizes.front();
+  // split(q, d): rows rank q of the set sends to rank d.
+  auto split = [&](size_t q, size_t d) { return r.rank_sizes[q * n + d]; };
+  TensorTableEntry& e = entries.front();
+
+  std::vector<int64_t> send_counts(n), recv_counts(n), received(n);
+  int64_t rows_in = 0;
+  for (size_t d = 0; d < n; ++d) {
+    send_counts[d] = split(me, d) * row;
+    received[d] = split(d, me);
+    recv_counts[d] = received[d] * row;
+    rows_in += received[d];
+  }
+  TensorShape shape = e.input.shape;
+  shape[0] = rows_in;
+  e.result->dtype = r.dtype;
+  e.result->shape = shape;
+  e.result->data = Allocate(NumElements(shape) * elem);
+  e.result->received_splits = received;
+  counters_->alltoall_calls.fetch_add(1, std::memory_order_relaxed);
+  return backend_->Alltoallv(r.process_set_id, e.input.data, send_counts,
+                             Displacements(send_counts), e.result->data.get(), recv_counts,
+                             Displacements(recv_counts), r.dtype);
+}
+
+Status OpExecutor::ExecuteReducescatter(const Response& r, const Set& set,
+                                        std::vector<TensorTableEntry>& entries) {
+  const DataType dtype = r.dtype;
+  const int64_t elem = DataTypeSize(dtype);
+  const ReduceOp op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
+  const size_t n = static_cast<size_t>(set.size);
+  const size_t count = entries.size();
+  // Rows of tensor t that rank q receives, and where they start in the tensor.
+  auto rows = [&](size_t t, size_t q) {
+    return ReducescatterRows(entries[t].input.shape[0], set.size, static_cast<int>(q));
+  };
+  std::vector<int64_t> recv_counts(n, 0);
+  for (size_t q = 0; q < n; ++q) {
+    for (size_t t = 0; t < count; ++t) recv_counts[q] += rows(t, q) * RowElements(entries[t].input.shape);
+  }
+  counters_->reducescatter_calls.fetch_add(1, std::memory_order_relaxed);
+
+  if (count == 1 && r.prescale_factor == 1.0) {
+    TensorTableEntry& e = entries.front();
+    HVD_RETURN_IF_ERROR(backend_->ReduceScatter(r.process_set_id, e.input.data, e.output.data,
+                                                recv_counts, dtype, op));
+    FinishReduction(r, set, e.output.data, recv_counts[set.rank]);
+    return Status::OK();
+  }
+
+  // Pack rank-major: for each destination rank, its rows of every tensor in turn.
+  int64_t total = 0;
+  for (int64_t c : recv_counts) total += c;
+  uint8_t* send = Buffer(0, total * elem);
+  uint8_t* recv = Buffer(1, recv_counts[set.rank] * elem);
+  std::vector<int64_t> taken(count, 0);  // bytes of tensor t already packed
+  int64_t offset = 0;
+  for (size_t q = 0; q < n; ++q) {
+    for (size_t t = 0; t < count; ++t) {
+      const int64_t bytes = rows(t, q) * RowElements(entries[t].input.shape) * elem;
+      Copy(send + offset, static_cast<const uint8_t*>(entries[t].input.data) + taken[t], bytes);
+      taken[t] += bytes;
+      offset += bytes;
+    }
+  }
+  ops::ScaleBuffer(send, total, dtype, r.prescale_factor);
+  HVD_RETURN_IF_ERROR(backend_->ReduceScatter(r.process_set_id, send, recv, recv_counts, dtype, op));
+  FinishReduction(r, set, recv, recv_counts[set.rank]);
+  offset = 0;
+  for (size_t t = 0; t < count; ++t) {
+    const int64_t bytes = rows(t, set.rank) * RowElements(entries[t].input.shape) * elem;
+    Copy(entries[t].output.data, recv + offset, bytes);
     offset += bytes;
   }
   return Status::OK();

@@ -2,12 +2,21 @@
 #pragma once
 // OpExecutor: runs one agreed (possibly fused) Response on this rank's tensors.
 //
-// Fused responses are packed into a host fusion buffer (allocated once, grown only when a
-// larger group arrives, never above the fusion threshold), reduced with one backend call, and
-// unpacked. A response holding a single tensor runs directly on the tensor's memory: in place
-// when input and output alias, otherwise MPI reads the input and writes the output, with no
-// extra copy. Average is lowered to Sum followed by an exact division by the number of ranks
+// Fused responses are packed into host buffers (two regions, allocated once and grown only
+// when a larger group arrives), reduced or gathered with one backend call, and unpacked. A
+// response holding a single tensor runs directly on the tensor's memory: in place when input
+// and output alias, otherwise MPI reads the input and writes the output, with no extra copy.
+// Average is lowered to Sum followed by an exact division by the number of ranks
 // (integers truncate toward zero) and then the postscale.
+//
+// Layouts of fused groups:
+//   allreduce / broadcast: tensors back to back.
+//   allgather: each rank sends its tensors back to back; the gathered buffer holds one block
+//     per rank, which is unpacked tensor by tensor.
+//   reducescatter: rank-major, so that rank r's rows of every tensor are contiguous and one
+//     MPI_Reduce_scatter leaves them in r's receive buffer.
+// Allgather and alltoall results are allocated here (their size is known only now) and left
+// in the entry's `result`.
 //
 // Owned and called by the background thread only.
 
@@ -17,6 +26,7 @@
 
 #include "common/counters.h"
 #include "common/message.h"
+#include "common/process_set.h"
 #include "common/tensor_queue.h"
 #include "ops/backend.h"
 
@@ -24,27 +34,44 @@ namespace hvd {
 
 class OpExecutor {
  public:
-  OpExecutor(ops::Backend* backend, Counters* counters);
+  OpExecutor(ops::Backend* backend, const ProcessSetTable* sets, Counters* counters);
   OpExecutor(const OpExecutor&) = delete;
   OpExecutor& operator=(const OpExecutor&) = delete;
 
-  // `entries` are this rank's tensors, in response.tensor_names order. The returned status is
-  // what every entry completes with.
+  // `entries` are this rank's tensors, in response.tensor_names order. For allreduce an entry
+  // with null data stands for a rank that has joined: it contributes zeros and receives
+  // nothing. The returned status is what every entry completes with.
   Status Execute(const Response& response, std::vector<TensorTableEntry>& entries);
 
  private:
-  Status ExecuteAllreduce(const Response& r, std::vector<TensorTableEntry>& entries);
-  Status ExecuteBroadcast(const Response& r, std::vector<TensorTableEntry>& entries);
-  // A buffer of at least `bytes`, 64-byte aligned, kept across calls.
-  uint8_t* FusionBuffer(int64_t bytes);
+  struct Set {
+    int size = 1;
+    int rank = 0;
+    std::vector<int> ranks;
+  };
+  Result<Set> SetOf(int32_t process_set_id) const;
+
+  Status ExecuteAllreduce(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
+  Status ExecuteBroadcast(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
+  Status ExecuteAllgather(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
+  Status ExecuteAlltoall(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
+  Status ExecuteReducescatter(const Response& r, const Set& set,
+                              std::vector<TensorTableEntry>& entries);
+  // Average's division by the set size, then the postscale.
+  static void FinishReduction(const Response& r, const Set& set, void* buf, int64_t n);
+
+  // Host scratch region `which` (0 or 1) of at least `bytes`, 64-byte aligned, kept across
+  // calls.
+  uint8_t* Buffer(int which, int64_t bytes);
 
   ops::Backend* backend_;
+  const ProcessSetTable* sets_;
   Counters* counters_;
   struct FreeDeleter {
     void operator()(uint8_t* p) const;
   };
-  std::unique_ptr<uint8_t, FreeDeleter> buffer_;
-  int64_t buffer_bytes_ = 0;
+  std::unique_ptr<uint8_t, FreeDeleter> buffers_[2];
+  int64_t buffer_bytes_[2] = {0, 0};
 };
 
 }  // namespace hvd

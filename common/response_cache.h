@@ -36,21 +36,28 @@ class ResponseCache {
     uint32_t bit = 0;  // valid for kHit and kInvalid
   };
 
-  // Whether a request of this kind can be cached at all.
-  static bool Cacheable(const Request& request);
+  // Whether an agreed response of this kind is cached. Decided from the response alone, so
+  // every rank decides the same.
+  static bool Cacheable(const Response& response);
 
   // kHit: the name is cached with identical parameters. kInvalid: the name is cached but
   // this request differs (shape, dtype, op, ...), so the entry must be dropped on all ranks.
   Lookup Find(const Request& request) const;
 
-  // Caches the single-tensor `response` agreed for `request` (this rank's own request).
-  // Evicts the least recently used entry when full. No-op when capacity is 0.
+  // Caches the single-tensor `response` agreed for `request` (this rank's own request, or, on a
+  // rank outside the response's process set, a placeholder carrying only its key). Evicts the
+  // least recently used entry when full. No-op when capacity is 0.
   void Put(const Response& response, const Request& request);
 
   // The cached response of `bit`; marks it most recently used.
   const Response& Touch(uint32_t bit);
 
   void Erase(uint32_t bit);
+  // Erases every entry of a process set (ascending bits, so identically on every rank).
+  void EraseProcessSet(int32_t process_set_id);
+  bool in_use(uint32_t bit) const { return bit < slots_.size() && slots_[bit].used; }
+  // The request this rank cached under `bit` (valid while the bit is in use).
+  const Request& params(uint32_t bit) const { return slots_.at(bit).params; }
 
   // Bits in use are all below this; identical on every rank.
   uint32_t num_bits() const { return high_water_; }
@@ -73,7 +80,7 @@ class ResponseCache {
   std::vector<Slot> slots_;
   std::set<uint32_t> free_;  // freed slots below high_water_
   std::list<uint32_t> lru_;  // front = least recently used
-  std::unordered_map<std::string, uint32_t> by_name_;
+  std::unordered_map<TensorKey, uint32_t, TensorKeyHash> by_name_;
 };
 
 }  // namespace hvd

@@ -1,6 +1,7 @@
 // horovod_cpp — Apache-2.0
 #include "common/tensor_queue.h"
 
+#include <algorithm>
 #include <unordered_set>
 
 namespace hvd {
@@ -12,7 +13,12 @@ Status TensorQueue::Add(std::vector<TensorTableEntry> entries) {
     std::unordered_set<std::string> seen;
     for (const TensorTableEntry& e : entries) {
       const Request& r = e.request;
-      if (table_.count(Key{r.process_set_id, r.tensor_name}) || !seen.insert(r.tensor_name).second) {
+      if (removed_sets_.count(r.process_set_id)) {
+        return Status::InvalidArgument(std::string(OpTypeLowerName(r.type)) + " '" +
+                                       r.tensor_name + "': process set " +
+                                       std::to_string(r.process_set_id) + " has been removed");
+      }
+      if (table_.count(r.key()) || !seen.insert(r.tensor_name).second) {
         return Status::FailedPrecondition(
             std::string(OpTypeLowerName(r.type)) + " '" + r.tensor_name +
             "': a tensor with this name is already in flight; wait for it to complete, or give "
@@ -22,7 +28,7 @@ Status TensorQueue::Add(std::vector<TensorTableEntry> entries) {
     const bool was_idle = new_requests_.empty();
     for (TensorTableEntry& e : entries) {
       new_requests_.push_back(e.request);
-      Key key{e.request.process_set_id, e.request.tensor_name};
+      TensorKey key = e.request.key();
       table_.emplace(std::move(key), std::move(e));
     }
     if (!was_idle) return Status::OK();  // the background thread has already been woken
@@ -38,18 +44,47 @@ std::vector<Request> TensorQueue::PopNewRequests() {
   return out;
 }
 
-std::vector<TensorTableEntry> TensorQueue::Take(int32_t process_set_id,
-                                                const std::vector<std::string>& names) {
-  std::vector<TensorTableEntry> out;
+std::vector<std::optional<TensorTableEntry>> TensorQueue::Take(
+    int32_t process_set_id, const std::vector<std::string>& names) {
+  std::vector<std::optional<TensorTableEntry>> out;
   out.reserve(names.size());
   std::lock_guard<std::mutex> lock(mu_);
   for (const std::string& name : names) {
-    auto it = table_.find(Key{process_set_id, name});
-    HVD_CHECK(it != table_.end());
-    out.push_back(std::move(it->second));
+    auto it = table_.find(TensorKey{process_set_id, name});
+    if (it == table_.end()) {
+      out.emplace_back(std::nullopt);
+      continue;
+    }
+    out.emplace_back(std::move(it->second));
     table_.erase(it);
   }
   return out;
+}
+
+size_t TensorQueue::FailProcessSet(int32_t process_set_id, const Status& status) {
+  std::vector<TensorTableEntry> failed;
+  size_t unpopped = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    removed_sets_.insert(process_set_id);
+    for (auto it = table_.begin(); it != table_.end();) {
+      if (it->first.process_set_id != process_set_id) {
+        ++it;
+        continue;
+      }
+      failed.push_back(std::move(it->second));
+      it = table_.erase(it);
+    }
+    auto keep = std::remove_if(new_requests_.begin(), new_requests_.end(), [&](const Request& r) {
+      return r.process_set_id == process_set_id;
+    });
+    unpopped = static_cast<size_t>(new_requests_.end() - keep);
+    new_requests_.erase(keep, new_requests_.end());
+  }
+  for (TensorTableEntry& e : failed) {
+    if (e.callback) e.callback(status);
+  }
+  return failed.size() - unpopped;
 }
 
 void TensorQueue::WaitForWork(Clock::time_point deadline) {
@@ -92,6 +127,7 @@ void TensorQueue::Reset() {
   shutdown_requested_ = false;
   table_.clear();
   new_requests_.clear();
+  removed_sets_.clear();
 }
 
 size_t TensorQueue::size() const {

@@ -13,9 +13,12 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/horovod.h"
@@ -29,6 +32,9 @@ struct TensorTableEntry {
   TensorView output;
   Request request;          // what this rank says about the tensor
   StatusCallback callback;  // called exactly once, on completion
+  // Where the executor leaves a runtime-allocated result (allgather, alltoall, join, ...);
+  // shared with the callback that hands it to the handle.
+  std::shared_ptr<Output> result;
 };
 
 class TensorQueue {
@@ -47,8 +53,10 @@ class TensorQueue {
   std::vector<Request> PopNewRequests();
 
   // Background thread. Removes and returns the entries for `names` of a process set, in the
-  // order given. Every name must be present (the loop only asks for names it has seen).
-  std::vector<TensorTableEntry> Take(int32_t process_set_id, const std::vector<std::string>& names);
+  // order given; a name this rank does not have yields nullopt (a joined rank, or an error
+  // about a tensor only some ranks submitted).
+  std::vector<std::optional<TensorTableEntry>> Take(int32_t process_set_id,
+                                                    const std::vector<std::string>& names);
 
   // Background thread. Blocks until new requests arrive, shutdown is requested, or `deadline`.
   void WaitForWork(Clock::time_point deadline);
@@ -63,28 +71,22 @@ class TensorQueue {
   // Re-opens a closed queue for a new Init.
   void Reset();
 
+  // Completes every entry of a removed process set with `status` (callbacks outside the
+  // lock). Returns how many of them the background thread had already popped.
+  size_t FailProcessSet(int32_t process_set_id, const Status& status);
+
   size_t size() const;
 
  private:
-  struct Key {
-    int32_t process_set_id;
-    std::string name;
-    bool operator==(const Key& o) const {
-      return process_set_id == o.process_set_id && name == o.name;
-    }
-  };
-  struct KeyHash {
-    size_t operator()(const Key& k) const {
-      return std::hash<std::string>()(k.name) ^ (static_cast<size_t>(k.process_set_id) << 1);
-    }
-  };
-
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::unordered_map<Key, TensorTableEntry, KeyHash> table_ HVD_GUARDED_BY(mu_);
+  std::unordered_map<TensorKey, TensorTableEntry, TensorKeyHash> table_ HVD_GUARDED_BY(mu_);
   std::vector<Request> new_requests_ HVD_GUARDED_BY(mu_);
   bool shutdown_requested_ HVD_GUARDED_BY(mu_) = false;
   bool closed_ HVD_GUARDED_BY(mu_) = false;
+  // Removed process sets (ids are never reused): adds for them fail, so no entry can slip in
+  // after FailProcessSet has run.
+  std::unordered_set<int32_t> removed_sets_ HVD_GUARDED_BY(mu_);
   Status closed_status_ HVD_GUARDED_BY(mu_);
 };
 

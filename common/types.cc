@@ -73,6 +73,8 @@ const char* OpTypeName(OpType type) {
     case OpType::kBarrier: return "BARRIER";
     case OpType::kReducescatter: return "REDUCESCATTER";
     case OpType::kError: return "ERROR";
+    case OpType::kProcessSetAdd: return "PROCESS_SET_ADD";
+    case OpType::kProcessSetRemove: return "PROCESS_SET_REMOVE";
   }
   return "INVALID";
 }
@@ -88,6 +90,8 @@ const char* OpTypeLowerName(OpType type) {
     case OpType::kBarrier: return "barrier";
     case OpType::kReducescatter: return "reducescatter";
     case OpType::kError: return "error";
+    case OpType::kProcessSetAdd: return "add_process_set";
+    case OpType::kProcessSetRemove: return "remove_process_set";
   }
   return "invalid";
 }

@@ -48,8 +48,10 @@ enum class OpType : uint8_t {
   kBarrier = 6,
   kReducescatter = 7,
   kError = 8,
+  kProcessSetAdd = 9,     // collective registration of a dynamic process set
+  kProcessSetRemove = 10,
 };
-constexpr int kNumOpTypes = 9;
+constexpr int kNumOpTypes = 11;
 
 // Device of a tensor: kCpuDevice, or a CUDA device ordinal >= 0.
 constexpr int32_t kCpuDevice = -1;

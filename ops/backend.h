@@ -53,13 +53,35 @@ class Backend {
   // `bytes` of `root` are copied to every rank (resized on receivers).
   virtual Status BroadcastBytes(std::vector<uint8_t>* bytes, int root) = 0;
 
+  // ---- process sets ----
+  // Creates the communicator of process set `id` (sorted global `ranks`). Called on every
+  // rank, members or not, at the same point of the call sequence.
+  virtual Status AddProcessSet(int32_t id, const std::vector<int>& ranks) = 0;
+  virtual Status RemoveProcessSet(int32_t id) = 0;
+
   // ---- data plane ----
+  // Every call runs within process set `ps` (this rank must be a member); roots, counts and
+  // displacements are indexed by rank *within the set*; counts are in elements of `dtype`.
+  //
   // Element-wise reduction of `count` elements. `send` == nullptr or == `recv` means in place.
   // `op` is one of kSum, kMin, kMax, kProduct (Average is Sum plus scaling by the caller).
-  virtual Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
-                           ReduceOp op) = 0;
-  virtual Status Broadcast(void* buffer, int64_t bytes, int root) = 0;
-  virtual Status Barrier() = 0;
+  virtual Status Allreduce(int32_t ps, const void* send, void* recv, int64_t count,
+                           DataType dtype, ReduceOp op) = 0;
+  virtual Status Broadcast(int32_t ps, void* buffer, int64_t bytes, int root) = 0;
+  virtual Status Barrier(int32_t ps) = 0;
+  // Each rank sends `send_count` elements; rank r's arrive at recv + displs[r].
+  virtual Status Allgatherv(int32_t ps, const void* send, int64_t send_count, void* recv,
+                            const std::vector<int64_t>& counts,
+                            const std::vector<int64_t>& displs, DataType dtype) = 0;
+  virtual Status Alltoallv(int32_t ps, const void* send, const std::vector<int64_t>& send_counts,
+                           const std::vector<int64_t>& send_displs, void* recv,
+                           const std::vector<int64_t>& recv_counts,
+                           const std::vector<int64_t>& recv_displs, DataType dtype) = 0;
+  // Reduces `send` (sum of recv_counts elements, laid out rank by rank) and leaves rank r's
+  // recv_counts[r] elements in its `recv`.
+  virtual Status ReduceScatter(int32_t ps, const void* send, void* recv,
+                               const std::vector<int64_t>& recv_counts, DataType dtype,
+                               ReduceOp op) = 0;
 };
 
 // The MPI backend (always built).

@@ -1,8 +1,9 @@
 // horovod_cpp — Apache-2.0
 // The MPI backend.
 //
-// Communicators: a private duplicate of MPI_COMM_WORLD (so user MPI traffic never matches
-// ours), a per-host communicator (MPI_Comm_split_type SHARED) for local rank/size, and a
+// Communicators: private duplicates of MPI_COMM_WORLD (so user MPI traffic never matches
+// ours) — one for negotiation, one for the global set's data — a communicator per process
+// set, a per-host communicator (MPI_Comm_split_type SHARED) for local rank/size, and a
 // cross-host communicator (ranks with the same local rank) for cross rank/size. Errors return
 // (MPI_ERRORS_RETURN) and become Status values naming the call.
 //
@@ -20,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -103,6 +105,9 @@ class MpiBackend final : public Backend {
     HVD_MPI_CHECK(MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN));
     HVD_MPI_CHECK(MPI_Comm_rank(world_, &topo_.rank));
     HVD_MPI_CHECK(MPI_Comm_size(world_, &topo_.size));
+    sets_[kGlobalProcessSetId] = world_;
+    HVD_MPI_CHECK(MPI_Comm_dup(world_, &control_));
+    HVD_MPI_CHECK(MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN));
     HVD_MPI_CHECK(
         MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, topo_.rank, MPI_INFO_NULL, &local_));
     HVD_MPI_CHECK(MPI_Comm_rank(local_, &topo_.local_rank));
@@ -130,7 +135,11 @@ class MpiBackend final : public Backend {
     for (MPI_Datatype* t : {&g_float16, &g_bfloat16}) {
       if (*t != MPI_DATATYPE_NULL) MPI_Type_free(t);
     }
-    for (MPI_Comm* c : {&cross_, &local_, &world_}) {
+    for (auto& [id, comm] : sets_) {
+      if (id != kGlobalProcessSetId && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    }
+    sets_.clear();
+    for (MPI_Comm* c : {&control_, &cross_, &local_, &world_}) {
       if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
     }
     if (owns_mpi_) {
@@ -144,7 +153,7 @@ class MpiBackend final : public Backend {
 
   Status AllreduceBitsAnd(uint64_t* words, int count) override {
     MPI_Request req;
-    HVD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, MPI_BAND, world_, &req));
+    HVD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, MPI_BAND, control_, &req));
     return WaitPolitely(&req, "bit-vector allreduce");
   }
 
@@ -154,7 +163,7 @@ class MpiBackend final : public Backend {
     int my_len = static_cast<int>(mine.size());
     std::vector<int> lens(root ? topo_.size : 0);
     MPI_Request req;
-    HVD_MPI_CHECK(MPI_Igather(&my_len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, world_, &req));
+    HVD_MPI_CHECK(MPI_Igather(&my_len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, control_, &req));
     HVD_RETURN_IF_ERROR(WaitPolitely(&req, "gather of request sizes"));
     std::vector<int> displs(lens.size());
     std::vector<uint8_t> all;
@@ -168,7 +177,7 @@ class MpiBackend final : public Backend {
       all.resize(static_cast<size_t>(total));
     }
     HVD_MPI_CHECK(MPI_Igatherv(mine.data(), my_len, MPI_BYTE, all.data(), lens.data(),
-                               displs.data(), MPI_BYTE, 0, world_, &req));
+                               displs.data(), MPI_BYTE, 0, control_, &req));
     HVD_RETURN_IF_ERROR(WaitPolitely(&req, "gather of requests"));
     if (root) {
       at_root->assign(lens.size(), {});
@@ -182,43 +191,112 @@ class MpiBackend final : public Backend {
   Status BroadcastBytes(std::vector<uint8_t>* bytes, int root) override {
     int64_t len = static_cast<int64_t>(bytes->size());
     MPI_Request req;
-    HVD_MPI_CHECK(MPI_Ibcast(&len, 1, MPI_INT64_T, root, world_, &req));
+    HVD_MPI_CHECK(MPI_Ibcast(&len, 1, MPI_INT64_T, root, control_, &req));
     HVD_RETURN_IF_ERROR(WaitPolitely(&req, "broadcast of response size"));
     if (len > INT_MAX) return Status::Internal("negotiation message exceeds 2 GiB");
     bytes->resize(static_cast<size_t>(len));
-    HVD_MPI_CHECK(MPI_Ibcast(bytes->data(), static_cast<int>(len), MPI_BYTE, root, world_, &req));
+    HVD_MPI_CHECK(MPI_Ibcast(bytes->data(), static_cast<int>(len), MPI_BYTE, root, control_, &req));
     return WaitPolitely(&req, "broadcast of responses");
   }
 
-  Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+  Status AddProcessSet(int32_t id, const std::vector<int>& ranks) override {
+    const bool member = std::binary_search(ranks.begin(), ranks.end(), topo_.rank);
+    MPI_Comm comm = MPI_COMM_NULL;
+    // Collective over every rank; non-members get MPI_COMM_NULL.
+    HVD_MPI_CHECK(MPI_Comm_split(world_, member ? 0 : MPI_UNDEFINED, topo_.rank, &comm));
+    if (comm != MPI_COMM_NULL) HVD_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+    sets_[id] = comm;
+    return Status::OK();
+  }
+
+  Status RemoveProcessSet(int32_t id) override {
+    auto it = sets_.find(id);
+    if (it == sets_.end() || id == kGlobalProcessSetId) {
+      return Status::Internal("the MPI backend has no process set " + std::to_string(id));
+    }
+    if (it->second != MPI_COMM_NULL) MPI_Comm_free(&it->second);
+    sets_.erase(it);
+    return Status::OK();
+  }
+
+  Status Allreduce(int32_t ps, const void* send, void* recv, int64_t count, DataType dtype,
                    ReduceOp op) override {
-    MPI_Datatype mpi_type;
+    MPI_Comm comm;
     MPI_Op mpi_op;
-    HVD_RETURN_IF_ERROR(MpiType(dtype, &mpi_type));
+    HVD_RETURN_IF_ERROR(Comm(ps, &comm));
     HVD_RETURN_IF_ERROR(MpiOp(dtype, op, &mpi_op));
+    const MPI_Datatype mpi_type = MpiType(dtype);
     const int64_t elem = DataTypeSize(dtype);
     const bool in_place = send == nullptr || send == recv;
     for (int64_t done = 0; done < count; done += kMaxCountPerCall) {
       const int n = static_cast<int>(std::min(kMaxCountPerCall, count - done));
       char* r = static_cast<char*>(recv) + done * elem;
       const void* s = in_place ? MPI_IN_PLACE : static_cast<const char*>(send) + done * elem;
-      HVD_MPI_CHECK(MPI_Allreduce(s, r, n, mpi_type, mpi_op, world_));
+      HVD_MPI_CHECK(MPI_Allreduce(s, r, n, mpi_type, mpi_op, comm));
     }
     return Status::OK();
   }
 
-  Status Broadcast(void* buffer, int64_t bytes, int root) override {
+  Status Broadcast(int32_t ps, void* buffer, int64_t bytes, int root) override {
+    MPI_Comm comm;
+    HVD_RETURN_IF_ERROR(Comm(ps, &comm));
     for (int64_t done = 0; done < bytes; done += kMaxCountPerCall) {
       const int n = static_cast<int>(std::min(kMaxCountPerCall, bytes - done));
-      HVD_MPI_CHECK(MPI_Bcast(static_cast<char*>(buffer) + done, n, MPI_BYTE, root, world_));
+      HVD_MPI_CHECK(MPI_Bcast(static_cast<char*>(buffer) + done, n, MPI_BYTE, root, comm));
     }
     return Status::OK();
   }
 
-  Status Barrier() override {
+  Status Barrier(int32_t ps) override {
+    MPI_Comm comm;
+    HVD_RETURN_IF_ERROR(Comm(ps, &comm));
     MPI_Request req;
-    HVD_MPI_CHECK(MPI_Ibarrier(world_, &req));
+    HVD_MPI_CHECK(MPI_Ibarrier(comm, &req));
     return WaitPolitely(&req, "barrier");
+  }
+
+  Status Allgatherv(int32_t ps, const void* send, int64_t send_count, void* recv,
+                    const std::vector<int64_t>& counts, const std::vector<int64_t>& displs,
+                    DataType dtype) override {
+    MPI_Comm comm;
+    HVD_RETURN_IF_ERROR(Comm(ps, &comm));
+    std::vector<int> c, d;
+    HVD_RETURN_IF_ERROR(ToInts(counts, &c, "allgather"));
+    HVD_RETURN_IF_ERROR(ToInts(displs, &d, "allgather"));
+    int sc = 0;
+    HVD_RETURN_IF_ERROR(ToInt(send_count, &sc, "allgather"));
+    const MPI_Datatype t = MpiType(dtype);
+    HVD_MPI_CHECK(MPI_Allgatherv(send, sc, t, recv, c.data(), d.data(), t, comm));
+    return Status::OK();
+  }
+
+  Status Alltoallv(int32_t ps, const void* send, const std::vector<int64_t>& send_counts,
+                   const std::vector<int64_t>& send_displs, void* recv,
+                   const std::vector<int64_t>& recv_counts,
+                   const std::vector<int64_t>& recv_displs, DataType dtype) override {
+    MPI_Comm comm;
+    HVD_RETURN_IF_ERROR(Comm(ps, &comm));
+    std::vector<int> sc, sd, rc, rd;
+    HVD_RETURN_IF_ERROR(ToInts(send_counts, &sc, "alltoall"));
+    HVD_RETURN_IF_ERROR(ToInts(send_displs, &sd, "alltoall"));
+    HVD_RETURN_IF_ERROR(ToInts(recv_counts, &rc, "alltoall"));
+    HVD_RETURN_IF_ERROR(ToInts(recv_displs, &rd, "alltoall"));
+    const MPI_Datatype t = MpiType(dtype);
+    HVD_MPI_CHECK(MPI_Alltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm));
+    return Status::OK();
+  }
+
+  Status ReduceScatter(int32_t ps, const void* send, void* recv,
+                       const std::vector<int64_t>& recv_counts, DataType dtype,
+                       ReduceOp op) override {
+    MPI_Comm comm;
+    MPI_Op mpi_op;
+    HVD_RETURN_IF_ERROR(Comm(ps, &comm));
+    HVD_RETURN_IF_ERROR(MpiOp(dtype, op, &mpi_op));
+    std::vector<int> rc;
+    HVD_RETURN_IF_ERROR(ToInts(recv_counts, &rc, "reducescatter"));
+    HVD_MPI_CHECK(MPI_Reduce_scatter(send, recv, rc.data(), MpiType(dtype), mpi_op, comm));
+    return Status::OK();
   }
 
  private:
@@ -247,20 +325,46 @@ class MpiBackend final : public Backend {
     }
   }
 
-  static Status MpiType(DataType dtype, MPI_Datatype* out) {
+  static MPI_Datatype MpiType(DataType dtype) {
     switch (dtype) {
-      case DataType::kUInt8: *out = MPI_UINT8_T; break;
-      case DataType::kInt8: *out = MPI_INT8_T; break;
-      case DataType::kUInt16: *out = MPI_UINT16_T; break;
-      case DataType::kInt16: *out = MPI_INT16_T; break;
-      case DataType::kInt32: *out = MPI_INT32_T; break;
-      case DataType::kInt64: *out = MPI_INT64_T; break;
-      case DataType::kFloat32: *out = MPI_FLOAT; break;
-      case DataType::kFloat64: *out = MPI_DOUBLE; break;
-      case DataType::kBool: *out = MPI_C_BOOL; break;
-      case DataType::kFloat16: *out = g_float16; break;
-      case DataType::kBFloat16: *out = g_bfloat16; break;
+      case DataType::kUInt8: return MPI_UINT8_T;
+      case DataType::kInt8: return MPI_INT8_T;
+      case DataType::kUInt16: return MPI_UINT16_T;
+      case DataType::kInt16: return MPI_INT16_T;
+      case DataType::kInt32: return MPI_INT32_T;
+      case DataType::kInt64: return MPI_INT64_T;
+      case DataType::kFloat32: return MPI_FLOAT;
+      case DataType::kFloat64: return MPI_DOUBLE;
+      case DataType::kBool: return MPI_C_BOOL;
+      case DataType::kFloat16: return g_float16;
+      case DataType::kBFloat16: return g_bfloat16;
     }
+    return MPI_DATATYPE_NULL;
+  }
+
+  Status Comm(int32_t ps, MPI_Comm* out) const {
+    auto it = sets_.find(ps);
+    if (it == sets_.end() || it->second == MPI_COMM_NULL) {
+      return Status::Internal("this rank has no communicator for process set " +
+                              std::to_string(ps));
+    }
+    *out = it->second;
+    return Status::OK();
+  }
+
+  // MPI counts are 32-bit.
+  static Status ToInt(int64_t v, int* out, const char* op) {
+    if (v < 0 || v > INT_MAX) {
+      return Status::InvalidArgument(std::string(op) + ": " + std::to_string(v) +
+                                     " elements exceed MPI's 32-bit count limit (2^31-1) for one "
+                                     "call; split the tensor");
+    }
+    *out = static_cast<int>(v);
+    return Status::OK();
+  }
+  static Status ToInts(const std::vector<int64_t>& v, std::vector<int>* out, const char* op) {
+    out->resize(v.size());
+    for (size_t i = 0; i < v.size(); ++i) HVD_RETURN_IF_ERROR(ToInt(v[i], &(*out)[i], op));
     return Status::OK();
   }
 
@@ -279,9 +383,11 @@ class MpiBackend final : public Backend {
 
   Topology topo_;
   bool owns_mpi_ = false;
-  MPI_Comm world_ = MPI_COMM_NULL;
+  MPI_Comm world_ = MPI_COMM_NULL;    // data plane of the global set
+  MPI_Comm control_ = MPI_COMM_NULL;  // negotiation only
   MPI_Comm local_ = MPI_COMM_NULL;
   MPI_Comm cross_ = MPI_COMM_NULL;
+  std::map<int32_t, MPI_Comm> sets_;  // process set id -> communicator (MPI_COMM_NULL: not a member)
   MPI_Op op16_sum_ = MPI_OP_NULL;
   MPI_Op op16_min_ = MPI_OP_NULL;
   MPI_Op op16_max_ = MPI_OP_NULL;

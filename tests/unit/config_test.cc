@@ -114,7 +114,8 @@ TEST(Config, KnobTableDescribesEveryKnobOnce) {
       "HOROVOD_FUSION_THRESHOLD",         "HOROVOD_CYCLE_TIME",
       "HOROVOD_CACHE_CAPACITY",           "HOROVOD_LOG_LEVEL",
       "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
-      "HOROVOD_TIMELINE",                 "HOROVOD_TIMELINE_MARK_CYCLES"};
+      "HOROVOD_TIMELINE",                 "HOROVOD_TIMELINE_MARK_CYCLES",
+      "HOROVOD_DYNAMIC_PROCESS_SETS"};
   EXPECT_EQ(names, expected);
   const std::string text = DescribeKnobs();
   for (const std::string& n : expected) EXPECT_NE(text.find(n), std::string::npos) << n;

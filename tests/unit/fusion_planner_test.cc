@@ -90,5 +90,49 @@ TEST(FusionPlanner, ErrorsAreNeverFused) {
   EXPECT_EQ(Groups(FuseResponses({Ar("a", 1), e, Ar("b", 1)}, 1024)), (G{{"a", "b"}, {"bad"}}));
 }
 
+Response Ag(const std::string& name, int64_t row, std::vector<int64_t> dims) {
+  Response r = Ar(name, row);
+  r.type = OpType::kAllgather;
+  r.rank_sizes = std::move(dims);
+  return r;
+}
+
+TEST(FusionPlanner, AllgathersFuseAndCountEveryRanksRows) {
+  // 2 ranks; bytes = row * (rows of rank 0 + rows of rank 1) * 4.
+  Response a = Ag("a", 3, {1, 2}), b = Ag("b", 2, {4, 0}), c = Ag("c", 1, {100, 100});
+  EXPECT_EQ(ResponseBytes(a), 3 * 3 * 4);
+  auto fused = FuseResponses({a, b, c}, 100);
+  EXPECT_EQ(Groups(fused), (G{{"a", "b"}, {"c"}}));
+  EXPECT_EQ(fused[0].tensor_sizes, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(fused[0].rank_sizes, (std::vector<int64_t>{1, 2, 4, 0}));
+  EXPECT_EQ(ResponseBytes(fused[0]), (9 + 8) * 4);
+}
+
+TEST(FusionPlanner, ReducescattersFuseByOpAlltoallsNever) {
+  Response r1 = Ar("r1", 4), r2 = Ar("r2", 4), r3 = Ar("r3", 4, DataType::kFloat32, ReduceOp::kAverage);
+  r1.type = r2.type = r3.type = OpType::kReducescatter;
+  Response t1 = Ag("t1", 1, {1, 1, 1, 1}), t2 = Ag("t2", 1, {1, 1, 1, 1});
+  t1.type = t2.type = OpType::kAlltoall;
+  EXPECT_EQ(Groups(FuseResponses({r1, t1, r2, r3, t2}, 1024)),
+            (G{{"r1", "r2"}, {"t1"}, {"r3"}, {"t2"}}));
+}
+
+TEST(FusionPlanner, ProcessSetChangesAndJoinAreFences) {
+  Response add;
+  add.type = OpType::kProcessSetAdd;
+  add.tensor_names = {"add"};
+  Response join;
+  join.type = OpType::kJoin;
+  join.tensor_names = {"join"};
+  EXPECT_EQ(Groups(FuseResponses({Ar("a", 1), add, Ar("b", 1), join, Ar("c", 1)}, 1024)),
+            (G{{"a"}, {"add"}, {"b"}, {"join"}, {"c"}}));
+}
+
+TEST(FusionPlanner, SameNameInDifferentSetsIsNotFusedTogether) {
+  Response a = Ar("g", 1), b = Ar("g", 1);
+  b.process_set_id = 1;
+  EXPECT_EQ(FuseResponses({a, b}, 1024).size(), 2u);
+}
+
 }  // namespace
 }  // namespace hvd

@@ -83,15 +83,45 @@ TEST(ResponseCache, ZeroCapacityCachesNothing) {
   EXPECT_EQ(c.num_bits(), 0u);
 }
 
-TEST(ResponseCache, OnlyNegotiatedDataOpsAreCacheable) {
-  Request r = Req("x");
-  EXPECT_TRUE(ResponseCache::Cacheable(r));
-  r.type = OpType::kBroadcast;
-  EXPECT_TRUE(ResponseCache::Cacheable(r));
-  r.type = OpType::kBarrier;
+TEST(ResponseCache, OnlySingleUngroupedDataOpsAreCacheable) {
+  Response r = Resp("x");
+  for (OpType t : {OpType::kAllreduce, OpType::kBroadcast, OpType::kAllgather, OpType::kAlltoall,
+                   OpType::kReducescatter}) {
+    r.type = t;
+    EXPECT_TRUE(ResponseCache::Cacheable(r)) << OpTypeName(t);
+  }
+  for (OpType t : {OpType::kBarrier, OpType::kJoin, OpType::kError, OpType::kProcessSetAdd}) {
+    r.type = t;
+    EXPECT_FALSE(ResponseCache::Cacheable(r)) << OpTypeName(t);
+  }
+  r.type = OpType::kAllreduce;
+  r.group_size = 2;
   EXPECT_FALSE(ResponseCache::Cacheable(r));
-  r.type = OpType::kJoin;
-  EXPECT_FALSE(ResponseCache::Cacheable(r));
+}
+
+TEST(ResponseCache, SameNameInTwoProcessSetsIsTwoEntries) {
+  ResponseCache c(8);
+  Request a = Req("g"), b = Req("g");
+  b.process_set_id = 1;
+  c.Put(Resp("g"), a);
+  Response rb = Resp("g");
+  rb.process_set_id = 1;
+  c.Put(rb, b);
+  EXPECT_EQ(c.size(), 2u);
+  EXPECT_EQ(c.Find(a).bit, 0u);
+  EXPECT_EQ(c.Find(b).bit, 1u);
+  c.EraseProcessSet(1);
+  EXPECT_EQ(c.Find(b).state, State::kMiss);
+  EXPECT_EQ(c.Find(a).state, State::kHit);
+}
+
+TEST(ResponseCache, AGroupedRequestDoesNotHitAnUngroupedEntry) {
+  ResponseCache c(8);
+  c.Put(Resp("a"), Req("a"));
+  Request grouped = Req("a");
+  grouped.group_size = 2;
+  grouped.group_name = "g";
+  EXPECT_EQ(c.Find(grouped).state, State::kInvalid);
 }
 
 }  // namespace

@@ -38,9 +38,12 @@ TEST(TensorQueue, AddPopTake) {
   EXPECT_EQ(reqs[1].tensor_name, "b");
   EXPECT_TRUE(q.PopNewRequests().empty());
   EXPECT_EQ(q.size(), 2u);
-  auto taken = q.Take(0, {"b", "a"});
-  ASSERT_EQ(taken.size(), 2u);
-  EXPECT_EQ(taken[0].request.tensor_name, "b");
+  auto taken = q.Take(0, {"b", "missing", "a"});
+  ASSERT_EQ(taken.size(), 3u);
+  ASSERT_TRUE(taken[0].has_value());
+  EXPECT_EQ(taken[0]->request.tensor_name, "b");
+  EXPECT_FALSE(taken[1].has_value());
+  EXPECT_EQ(taken[2]->request.tensor_name, "a");
   EXPECT_EQ(q.size(), 0u);
 }
 
@@ -77,6 +80,25 @@ TEST(TensorQueue, CloseCompletesEveryEntryOnceAndRejectsLaterAdds) {
   EXPECT_EQ(calls.load(), 3);  // nothing completed twice
   q.Reset();
   EXPECT_TRUE(q.Add(One(Entry("d"))).ok());
+}
+
+TEST(TensorQueue, FailProcessSetCompletesItsEntriesAndRejectsLaterAdds) {
+  TensorQueue q;
+  std::atomic<int> calls{0};
+  Status last;
+  ASSERT_TRUE(q.Add(One(Entry("popped", 3, &calls, &last))).ok());
+  ASSERT_TRUE(q.Add(One(Entry("other", 0, &calls))).ok());
+  (void)q.PopNewRequests();  // the background thread has seen these two
+  ASSERT_TRUE(q.Add(One(Entry("unpopped", 3, &calls, &last))).ok());
+  const size_t popped = q.FailProcessSet(3, Status::Aborted("set 3 removed"));
+  EXPECT_EQ(popped, 1u);
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_EQ(last, Status::Aborted("set 3 removed"));
+  EXPECT_EQ(q.size(), 1u);              // "other" stays
+  EXPECT_TRUE(q.PopNewRequests().empty());  // "unpopped" will never reach the loop
+  Status again = q.Add(One(Entry("late", 3)));
+  EXPECT_EQ(again.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(again.message().find("process set 3 has been removed"), std::string::npos);
 }
 
 TEST(TensorQueue, AddWakesTheWaiterBeforeItsDeadline) {

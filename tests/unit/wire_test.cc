@@ -19,7 +19,8 @@ RequestList SampleRequests() {
   a.reduce_op = ReduceOp::kMax;
   a.device = 1;
   a.process_set_id = 2;
-  a.group_id = 7;
+  a.group_size = 7;
+  a.group_name = "grp";
   a.prescale_factor = 0.125;
   a.postscale_factor = 3.5;
   a.tensor_name = "grad/\"odd\" name\n\xc3\xa9";
@@ -36,6 +37,7 @@ RequestList SampleRequests() {
 ResponseList SampleResponses() {
   ResponseList list;
   list.shutdown = true;
+  list.shutdown_after_stall = true;
   list.shutdown_reason = "shutdown requested by rank 1";
   Response r;
   r.type = OpType::kBroadcast;
@@ -44,6 +46,8 @@ ResponseList SampleResponses() {
   r.last_joined_rank = 1;
   r.tensor_names = {"a", "b", "c"};
   r.tensor_sizes = {1, 2, 3};
+  r.rank_sizes = {4, 5, 6, 7};
+  r.group_size = 3;
   Response e;
   e.type = OpType::kError;
   e.error_message = "allreduce 'x': mismatched shapes";
@@ -151,7 +155,8 @@ TEST(Wire, HostileCountsWithValidChecksumAreRejected) {
     for (int i = 0; i < 4; ++i) p.I32(0);
     p.F64(1);
     p.F64(1);
-    p.U32(3000000000u);
+    p.U32(0);            // group name
+    p.U32(3000000000u);  // tensor name
     auto msg = FrameRequestPayload(p.bytes());
     EXPECT_FALSE(ParseRequestList(msg.data(), msg.size()).ok());
   }
@@ -166,6 +171,7 @@ TEST(Wire, HostileCountsWithValidChecksumAreRejected) {
     for (int i = 0; i < 4; ++i) p.I32(0);
     p.F64(1);
     p.F64(1);
+    p.U32(0);
     p.U32(0);
     p.U32(0);
     p.U32(0);
