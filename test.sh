@@ -9,12 +9,12 @@ source scripts/mpi_env.sh
 start=$SECONDS
 
 # 1. The default build (NCCL backend on when CUDA and NCCL are found): every test.
-scripts/build.sh build
+scripts/build.sh build -DHVD_WERROR=ON
 (cd build && ctest --output-on-failure -j 2 --timeout 300)
 
 # 2. The CPU-only configuration must build and pass on its own as well.
 if grep -q "NCCL backend ON" build.configure.log; then
-  scripts/build.sh build-cpu -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF
+  scripts/build.sh build-cpu -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF -DHVD_WERROR=ON
   (cd build-cpu && ctest --output-on-failure -j 2 --timeout 300)
 fi
 echo "test.sh: all tests passed in $((SECONDS - start)) s" >&2

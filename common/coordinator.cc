@@ -258,8 +258,9 @@ void Coordinator::AddRequests(int rank, const std::vector<Request>& requests,
 }
 
 // Two ranks that belong to both sets S and T, one of which submitted the name to S only and
-// the other to T only, cannot both be right: neither tensor can ever complete. Both become
-// errors at once instead of a stall.
+// the other to T only, cannot both be right: neither tensor can ever complete. Once every
+// member of S and T has submitted the name to one of them, both become errors instead of a
+// stall.
 void Coordinator::CheckCrossedSets(const std::string& name) {
   const std::set<int32_t>& sets = sets_by_name_[name];
   for (auto s = sets.begin(); s != sets.end(); ++s) {
@@ -274,6 +275,13 @@ void Coordinator::CheckCrossedSets(const std::string& name) {
         only_t |= in_t && !in_s;
       }
       if (!only_s || !only_t) continue;
+      // Decide only once every member of either set has submitted to one of the two, so the
+      // message lists every rank and no late request starts a fresh (doomed) entry.
+      bool complete = true;
+      for (const Entry* e : {&es, &et}) {
+        for (int m : e->members) complete &= es.by_rank.count(m) > 0 || et.by_rank.count(m) > 0;
+      }
+      if (!complete) continue;
       std::vector<Request> all;
       for (const auto& [r, q] : es.by_rank) all.push_back(q);
       for (const auto& [r, q] : et.by_rank) all.push_back(q);

@@ -349,6 +349,22 @@ TEST(CoordinatorSets, CrossedProcessSetsAreAnErrorForBoth) {
   EXPECT_EQ(c.pending_count(), 0u);
 }
 
+TEST(CoordinatorSets, CrossedSetsWaitForEveryRankSoTheMessageIsComplete) {
+  // Set 1 = {0, 1} inside a global set of 3: rank 2 is late.
+  Coordinator c = Make(3);
+  const auto t = Clock::now();
+  c.AddRequests(0, {Op(OpType::kAllreduce, "x", 0, {4}, 1)}, t);
+  c.AddRequests(1, {Op(OpType::kAllreduce, "x", 1, {4}, kGlobalProcessSetId)}, t);
+  EXPECT_TRUE(c.TakeReadyResponses().empty());
+  c.AddRequests(2, {Op(OpType::kAllreduce, "x", 2, {4}, kGlobalProcessSetId)}, t);
+  std::vector<Response> ready = c.TakeReadyResponses();
+  ASSERT_EQ(ready.size(), 2u);
+  EXPECT_EQ(ready[0].error_message,
+            "allreduce 'x': mismatched process sets: rank 0 sent 1; ranks 1, 2 sent 0");
+  EXPECT_EQ(ready[1].error_message, ready[0].error_message);
+  EXPECT_EQ(c.pending_count(), 0u);
+}
+
 TEST(CoordinatorSets, TheSameNameInOverlappingSetsInTheSameOrderIsFine) {
   Coordinator c = Make(2);
   const auto t = Clock::now();
