@@ -88,7 +88,8 @@ void BackgroundLoop::ThreadMain() {
   Status end = Loop();
   Finish(end);
   Status fin = backend_->Finalize();
-  if (!fin.ok()) HVD_LOG(WARNING) << "finalizing the " << backend_->name() << " backend: " << fin.message();
+  if (!fin.ok())
+    HVD_LOG(WARNING) << "finalizing the " << backend_->name() << " backend: " << fin.message();
 }
 
 // Rank 0's values of the knobs that must agree across ranks (they decide the size of the
@@ -143,8 +144,9 @@ Status BackgroundLoop::CreateStaticProcessSets() {
   if (!same) {
     return Status::InvalidArgument(
         "every rank must pass the same process sets to Init; this rank passed " +
-        describe(options_.process_sets) + (root == mine ? " like rank 0, but another rank did not"
-                                                        : ", which differs from rank 0's"));
+        describe(options_.process_sets) +
+        (root == mine ? " like rank 0, but another rank did not"
+                      : ", which differs from rank 0's"));
   }
   for (const std::vector<int>& ranks : options_.process_sets) {
     HVD_ASSIGN_OR_RETURN(int32_t id, sets_->Add(ranks));
@@ -163,8 +165,8 @@ Status BackgroundLoop::Loop() {
   auto last_cycle = std::chrono::steady_clock::now();
 
   while (true) {
-    queue_->WaitForWork(last_cycle + (idle ? std::chrono::steady_clock::duration(kIdleWait)
-                                           : cycle_time));
+    queue_->WaitForWork(last_cycle +
+                        (idle ? std::chrono::steady_clock::duration(kIdleWait) : cycle_time));
     last_cycle = std::chrono::steady_clock::now();
     std::vector<Request> fresh = queue_->PopNewRequests();
     outstanding += fresh.size();
@@ -173,7 +175,8 @@ Status BackgroundLoop::Loop() {
     if (!outcome.ok()) return outcome.status();
     idle = outcome->idle;
 
-    for (const Response& group : FuseResponses(outcome->responses, config_.fusion_threshold_bytes)) {
+    for (const Response& group :
+         FuseResponses(outcome->responses, config_.fusion_threshold_bytes)) {
       Result<size_t> done = Execute(group, executor);
       if (!done.ok()) return done.status();
       outstanding -= *done;
@@ -217,7 +220,8 @@ Result<size_t> BackgroundLoop::Execute(const Response& group, OpExecutor& execut
   Status status;
   size_t failed_elsewhere = 0;
   if (changes_sets) {
-    status = ChangeProcessSets(group, entries.empty() ? nullptr : &entries.front(), &failed_elsewhere);
+    status =
+        ChangeProcessSets(group, entries.empty() ? nullptr : &entries.front(), &failed_elsewhere);
   } else {
     status = executor.Execute(group, entries);
   }
@@ -247,9 +251,9 @@ Status BackgroundLoop::ChangeProcessSets(const Response& group, TensorTableEntry
   const int32_t id = static_cast<int32_t>(group.rank_sizes.front());
   HVD_RETURN_IF_ERROR(sets_->Remove(id));
   HVD_RETURN_IF_ERROR(backend_->RemoveProcessSet(id));
-  *failed = queue_->FailProcessSet(
-      id, Status::Aborted("process set " + std::to_string(id) +
-                          " was removed while this operation was pending"));
+  *failed =
+      queue_->FailProcessSet(id, Status::Aborted("process set " + std::to_string(id) +
+                                                 " was removed while this operation was pending"));
   return Status::OK();
 }
 

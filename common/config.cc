@@ -32,8 +32,8 @@ Status BadValue(const char* name, const std::string& value, const std::string& e
 Result<int64_t> ParseInt(const char* name, const std::string& raw, int64_t lo, int64_t hi,
                          const char* unit) {
   std::string v = Trim(raw);
-  std::string expected = std::string("an integer (") + unit + ") in [" + std::to_string(lo) +
-                         ", " + std::to_string(hi) + "]";
+  std::string expected = std::string("an integer (") + unit + ") in [" + std::to_string(lo) + ", " +
+                         std::to_string(hi) + "]";
   if (v.empty()) return BadValue(name, raw, expected);
   errno = 0;
   char* end = nullptr;
@@ -77,7 +77,7 @@ Result<LogLevel> ParseLogLevel(const char* name, const std::string& raw) {
   return BadValue(name, raw, "one of trace, debug, info, warning, error, fatal");
 }
 
-constexpr int64_t kMaxFusionBytes = int64_t{1} << 40;   // 1 TiB: beyond any real buffer
+constexpr int64_t kMaxFusionBytes = int64_t{1} << 40;    // 1 TiB: beyond any real buffer
 constexpr int64_t kMaxCacheCapacity = int64_t{1} << 20;  // bit vector stays <= 128 KiB
 constexpr double kMaxCycleTimeMs = 60'000.0;
 constexpr double kMaxStallSeconds = 86'400.0;
@@ -88,12 +88,12 @@ struct Knob {
   Status (*apply)(const char* name, const std::string& value, Config* config);
 };
 
-#define HVD_ASSIGN_FIELD(field, parse_expr)      \
+#define HVD_ASSIGN_FIELD(field, parse_expr)                             \
   [](const char* name, const std::string& value, Config* c) -> Status { \
-    auto parsed = (parse_expr);                  \
-    if (!parsed.ok()) return parsed.status();    \
-    c->field = *parsed;                          \
-    return Status::OK();                         \
+    auto parsed = (parse_expr);                                         \
+    if (!parsed.ok()) return parsed.status();                           \
+    c->field = *parsed;                                                 \
+    return Status::OK();                                                \
   }
 
 const std::vector<Knob>& Knobs() {
@@ -111,8 +111,7 @@ const std::vector<Knob>& Knobs() {
       {{"HOROVOD_CACHE_CAPACITY", "integer", "1024", "0 .. 1048576; 0 = cache off",
         "Response-cache entries. Cached tensors are negotiated by one small bit-vector "
         "allreduce per cycle instead of a gather to rank 0."},
-       HVD_ASSIGN_FIELD(cache_capacity,
-                        ParseInt(name, value, 0, kMaxCacheCapacity, "entries"))},
+       HVD_ASSIGN_FIELD(cache_capacity, ParseInt(name, value, 0, kMaxCacheCapacity, "entries"))},
       {{"HOROVOD_LOG_LEVEL", "level", "warning", "trace, debug, info, warning, error, fatal",
         "Least severe message printed to stderr."},
        HVD_ASSIGN_FIELD(log_level, ParseLogLevel(name, value))},
@@ -191,12 +190,18 @@ std::string DescribeKnobs() {
 
 const char* LogLevelName(LogLevel level) {
   switch (level) {
-    case LogLevel::kTrace: return "TRACE";
-    case LogLevel::kDebug: return "DEBUG";
-    case LogLevel::kInfo: return "INFO";
-    case LogLevel::kWarning: return "WARNING";
-    case LogLevel::kError: return "ERROR";
-    case LogLevel::kFatal: return "FATAL";
+    case LogLevel::kTrace:
+      return "TRACE";
+    case LogLevel::kDebug:
+      return "DEBUG";
+    case LogLevel::kInfo:
+      return "INFO";
+    case LogLevel::kWarning:
+      return "WARNING";
+    case LogLevel::kError:
+      return "ERROR";
+    case LogLevel::kFatal:
+      return "FATAL";
   }
   return "?";
 }

@@ -48,8 +48,7 @@ Controller::Controller(ops::Backend* backend, const Config& config, const Proces
       stall_(config.stall_check_time_seconds, config.stall_shutdown_time_seconds),
       rank_(backend->topology().rank) {
   if (rank_ == 0) {
-    coordinator_ = std::make_unique<Coordinator>(
-        [sets](int32_t id) { return sets->Ranks(id); });
+    coordinator_ = std::make_unique<Coordinator>([sets](int32_t id) { return sets->Ranks(id); });
   }
 }
 
@@ -105,8 +104,8 @@ Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
     if (!cache_.in_use(bit)) continue;
     const Request& p = cache_.params(bit);
     const bool member = std::binary_search(my_sets.begin(), my_sets.end(), p.process_set_id);
-    const bool zeros = joined_ && p.type == OpType::kAllreduce &&
-                       p.process_set_id == kGlobalProcessSetId;
+    const bool zeros =
+        joined_ && p.type == OpType::kAllreduce && p.process_set_id == kGlobalProcessSetId;
     if (!member || zeros) SetBit(hit_words, bit);  // neutral: "ready as far as I am concerned"
   }
   HVD_RETURN_IF_ERROR(backend_->AllreduceBitsAnd(words.data(), static_cast<int>(words.size())));
@@ -192,9 +191,9 @@ Status Controller::SlowPath(std::vector<Request> misses, bool shutdown_requested
     for (size_t rank = 0; rank < gathered.size(); ++rank) {
       Result<RequestList> parsed = ParseRequestList(gathered[rank].data(), gathered[rank].size());
       if (!parsed.ok()) {
-        return Status::Internal("rank " + std::to_string(rank) +
-                                " sent an unreadable negotiation message: " +
-                                parsed.status().message());
+        return Status::Internal(
+            "rank " + std::to_string(rank) +
+            " sent an unreadable negotiation message: " + parsed.status().message());
       }
       coordinator_->AddRequests(static_cast<int>(rank), parsed->requests, now);
       if (parsed->shutdown) shutdown_ranks.push_back(static_cast<int>(rank));

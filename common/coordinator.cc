@@ -40,7 +40,8 @@ std::string DescribeByRank(const std::vector<const Request*>& reqs,
   std::vector<std::pair<std::string, std::vector<int>>> groups;
   for (const Request* q : reqs) {
     std::string v = value(*q);
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == v; });
+    auto it =
+        std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == v; });
     if (it == groups.end()) {
       groups.push_back({v, {q->request_rank}});
     } else {
@@ -123,8 +124,7 @@ Response ConstructResponse(const std::vector<Request>& requests, const std::vect
        [](const Request& q) { return FormatDouble(q.postscale_factor); }},
       {"groups", true,
        [](const Request& q) {
-         return q.group_size > 0 ? "group '" + q.group_name + "' of " +
-                                       std::to_string(q.group_size)
+         return q.group_size > 0 ? "group '" + q.group_name + "' of " + std::to_string(q.group_size)
                                  : std::string("no group");
        }},
       {"shapes", SameShapeRequired(type), [](const Request& q) { return ShapeToString(q.shape); }},

@@ -66,10 +66,10 @@ class Coordinator {
   struct Entry {
     uint64_t seq = 0;  // first-seen order
     Clock::time_point first_seen;
-    std::vector<int> members;          // global ranks of the set
-    std::map<int, Request> by_rank;    // global rank -> request
-    std::string forced_error;          // decided early (duplicate submission, crossed sets)
-    bool queued = false;               // already in ready_
+    std::vector<int> members;        // global ranks of the set
+    std::map<int, Request> by_rank;  // global rank -> request
+    std::string forced_error;        // decided early (duplicate submission, crossed sets)
+    bool queued = false;             // already in ready_
   };
 
   bool IsReady(const TensorKey& key, const Entry& e) const;
@@ -89,7 +89,8 @@ class Coordinator {
 
 // Validates one tensor's requests (one per submitting rank, ascending rank) and builds its
 // Response. `joined` lists ranks that called Join instead of submitting. Exposed for tests.
-Response ConstructResponse(const std::vector<Request>& requests, const std::vector<int>& joined = {});
+Response ConstructResponse(const std::vector<Request>& requests,
+                           const std::vector<int>& joined = {});
 
 // Rows of dim 0 that `rank_in_set` receives from a reducescatter of `dim0` rows over
 // `set_size` ranks: the first dim0 % set_size ranks get one extra row.

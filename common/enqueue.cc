@@ -59,8 +59,10 @@ Status CheckTensor(const std::string& what, const TensorView& input, const Tenso
                                    std::to_string(static_cast<int>(input.dtype)));
   }
   if (input.dtype == DataType::kBool && !allow_bool) {
-    return Status::InvalidArgument(what + ": dtype bool is not supported for this operation "
-                                   "(supported: " + SupportedList(false) + ")");
+    return Status::InvalidArgument(what +
+                                   ": dtype bool is not supported for this operation "
+                                   "(supported: " +
+                                   SupportedList(false) + ")");
   }
   for (int64_t d : input.shape) {
     if (d < 0) {
@@ -101,7 +103,8 @@ Status CheckReduction(const std::string& what, const AllreduceOptions& options) 
                                    std::to_string(static_cast<int>(options.op)));
   }
   if (options.op == ReduceOp::kAdasum) {
-    return Status::InvalidArgument(what + ": Adasum is not supported by horovod_cpp; use "
+    return Status::InvalidArgument(what +
+                                   ": Adasum is not supported by horovod_cpp; use "
                                    "Average, Sum, Min, Max or Product");
   }
   if (!std::isfinite(options.prescale_factor) || !std::isfinite(options.postscale_factor)) {
@@ -177,8 +180,7 @@ std::string MemberName(const std::string& base, size_t i, size_t n) {
 }
 
 Result<TensorTableEntry> AllreduceEntry(const TensorView& input, const TensorView& output,
-                                        const std::string& name,
-                                        const AllreduceOptions& options) {
+                                        const std::string& name, const AllreduceOptions& options) {
   const std::string what = "allreduce '" + name + "'";
   HVD_RETURN_IF_ERROR(CheckName(what, name));
   HVD_RETURN_IF_ERROR(CheckReduction(what, options));
@@ -198,7 +200,8 @@ Result<TensorTableEntry> AllgatherEntry(const TensorView& input, const std::stri
   HVD_RETURN_IF_ERROR(CheckName(what, name));
   HVD_RETURN_IF_ERROR(CheckTensor(what, input, nullptr, /*allow_bool=*/true, true));
   if (input.shape.empty()) {
-    return Status::InvalidArgument(what + ": a scalar cannot be gathered; the tensor needs at "
+    return Status::InvalidArgument(what +
+                                   ": a scalar cannot be gathered; the tensor needs at "
                                    "least one dimension");
   }
   HVD_RETURN_IF_ERROR(MemberSet(what, process_set_id).status());
@@ -217,7 +220,8 @@ Result<TensorTableEntry> ReducescatterEntry(const TensorView& input, const Tenso
   }
   HVD_RETURN_IF_ERROR(CheckTensor(what, input, &output, /*allow_bool=*/false, true));
   if (input.shape.empty()) {
-    return Status::InvalidArgument(what + ": a scalar cannot be scattered; the tensor needs at "
+    return Status::InvalidArgument(what +
+                                   ": a scalar cannot be scattered; the tensor needs at "
                                    "least one dimension");
   }
   HVD_ASSIGN_OR_RETURN(ProcessSetInfo set, MemberSet(what, options.process_set_id));
@@ -225,9 +229,8 @@ Result<TensorTableEntry> ReducescatterEntry(const TensorView& input, const Tenso
   expected[0] = ReducescatterRows(input.shape[0], set.size, set.rank);
   if (output.shape != expected) {
     return Status::InvalidArgument(what + ": output shape " + ShapeToString(output.shape) +
-                                   " does not match this rank's share " +
-                                   ShapeToString(expected) + " of input " +
-                                   ShapeToString(input.shape));
+                                   " does not match this rank's share " + ShapeToString(expected) +
+                                   " of input " + ShapeToString(input.shape));
   }
   if (NumElements(expected) > 0 && output.data == nullptr) {
     return Status::InvalidArgument(what + ": output data pointer is null");
@@ -292,10 +295,9 @@ Result<Handle> EnqueueBroadcast(const TensorView& input, const TensorView& outpu
                                    " ranks (0.." + std::to_string(world - 1) + ")");
   }
   if (!std::binary_search(set.ranks.begin(), set.ranks.end(), root_rank)) {
-    return Status::InvalidArgument(what + ": root rank " + std::to_string(root_rank) +
-                                   " is not a member of process set " +
-                                   std::to_string(process_set_id) + " (ranks " +
-                                   RanksToString(set.ranks) + ")");
+    return Status::InvalidArgument(
+        what + ": root rank " + std::to_string(root_rank) + " is not a member of process set " +
+        std::to_string(process_set_id) + " (ranks " + RanksToString(set.ranks) + ")");
   }
   const bool is_root = R().loop.topology().rank == root_rank;
   HVD_RETURN_IF_ERROR(CheckTensor(what, input, &output, /*allow_bool=*/true, is_root));
@@ -327,7 +329,8 @@ Result<Handle> EnqueueAlltoall(const TensorView& input, const std::vector<int64_
   HVD_RETURN_IF_ERROR(CheckName(what, tensor_name));
   HVD_RETURN_IF_ERROR(CheckTensor(what, input, nullptr, /*allow_bool=*/true, true));
   if (input.shape.empty()) {
-    return Status::InvalidArgument(what + ": a scalar cannot be split; the tensor needs at least "
+    return Status::InvalidArgument(what +
+                                   ": a scalar cannot be split; the tensor needs at least "
                                    "one dimension");
   }
   HVD_ASSIGN_OR_RETURN(ProcessSetInfo set, MemberSet(what, process_set_id));
@@ -335,10 +338,10 @@ Result<Handle> EnqueueAlltoall(const TensorView& input, const std::vector<int64_
   std::vector<int64_t> parts = splits;
   if (parts.empty()) {
     if (dim0 % set.size != 0) {
-      return Status::InvalidArgument(
-          what + ": splits not given, and the first dimension (" + std::to_string(dim0) +
-          ") is not divisible by the " + std::to_string(set.size) +
-          " ranks of the process set; pass splits explicitly");
+      return Status::InvalidArgument(what + ": splits not given, and the first dimension (" +
+                                     std::to_string(dim0) + ") is not divisible by the " +
+                                     std::to_string(set.size) +
+                                     " ranks of the process set; pass splits explicitly");
     }
     parts.assign(set.size, dim0 / set.size);
   }
@@ -355,7 +358,8 @@ Result<Handle> EnqueueAlltoall(const TensorView& input, const std::vector<int64_
     return Status::InvalidArgument(what + ": splits sum to " + std::to_string(sum) +
                                    ", but the first dimension is " + std::to_string(dim0));
   }
-  TensorTableEntry e = NewEntry(OpType::kAlltoall, tensor_name, process_set_id, input, TensorView{});
+  TensorTableEntry e =
+      NewEntry(OpType::kAlltoall, tensor_name, process_set_id, input, TensorView{});
   e.request.splits = std::move(parts);
   std::vector<TensorTableEntry> entries;
   entries.push_back(std::move(e));
@@ -392,14 +396,15 @@ Result<Handle> EnqueueGroupedAllreduce(const std::vector<TensorView>& inputs,
   HVD_RETURN_IF_ERROR(CheckRunning());
   const std::string base = NameOrDefault(name, OpType::kAllreduce);
   if (inputs.empty() || inputs.size() != outputs.size()) {
-    return Status::InvalidArgument("grouped allreduce '" + base + "': needs one or more inputs "
+    return Status::InvalidArgument("grouped allreduce '" + base +
+                                   "': needs one or more inputs "
                                    "and as many outputs");
   }
   std::vector<TensorTableEntry> entries;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    HVD_ASSIGN_OR_RETURN(TensorTableEntry e,
-                         AllreduceEntry(inputs[i], outputs[i],
-                                        MemberName(base, i, inputs.size()), options));
+    HVD_ASSIGN_OR_RETURN(
+        TensorTableEntry e,
+        AllreduceEntry(inputs[i], outputs[i], MemberName(base, i, inputs.size()), options));
     entries.push_back(std::move(e));
   }
   MakeGroup(entries, base);
@@ -416,9 +421,9 @@ Result<Handle> EnqueueGroupedAllgather(const std::vector<TensorView>& inputs,
   }
   std::vector<TensorTableEntry> entries;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    HVD_ASSIGN_OR_RETURN(TensorTableEntry e,
-                         AllgatherEntry(inputs[i], MemberName(base, i, inputs.size()),
-                                        process_set_id));
+    HVD_ASSIGN_OR_RETURN(
+        TensorTableEntry e,
+        AllgatherEntry(inputs[i], MemberName(base, i, inputs.size()), process_set_id));
     entries.push_back(std::move(e));
   }
   MakeGroup(entries, base);
@@ -427,20 +432,20 @@ Result<Handle> EnqueueGroupedAllgather(const std::vector<TensorView>& inputs,
 
 Result<Handle> EnqueueGroupedReducescatter(const std::vector<TensorView>& inputs,
                                            const std::vector<TensorView>& outputs,
-                                           const std::string& name,
-                                           const AllreduceOptions& options,
+                                           const std::string& name, const AllreduceOptions& options,
                                            StatusCallback callback) {
   HVD_RETURN_IF_ERROR(CheckRunning());
   const std::string base = NameOrDefault(name, OpType::kReducescatter);
   if (inputs.empty() || inputs.size() != outputs.size()) {
-    return Status::InvalidArgument("grouped reducescatter '" + base + "': needs one or more "
+    return Status::InvalidArgument("grouped reducescatter '" + base +
+                                   "': needs one or more "
                                    "inputs and as many outputs");
   }
   std::vector<TensorTableEntry> entries;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    HVD_ASSIGN_OR_RETURN(TensorTableEntry e,
-                         ReducescatterEntry(inputs[i], outputs[i],
-                                            MemberName(base, i, inputs.size()), options));
+    HVD_ASSIGN_OR_RETURN(
+        TensorTableEntry e,
+        ReducescatterEntry(inputs[i], outputs[i], MemberName(base, i, inputs.size()), options));
     entries.push_back(std::move(e));
   }
   MakeGroup(entries, base);
@@ -471,11 +476,10 @@ Result<int32_t> AddProcessSet(const std::vector<int>& ranks) {
   const std::string problem = ValidateRankList(ranks, R().loop.topology().size);
   if (!problem.empty()) return Status::InvalidArgument("add_process_set: " + problem);
   const int64_t n = R().noname[static_cast<int>(OpType::kProcessSetAdd)].fetch_add(1);
-  HVD_ASSIGN_OR_RETURN(Handle h, SubmitControl(OpType::kProcessSetAdd,
-                                               kProcessSetAddPrefix + std::to_string(n),
-                                               kGlobalProcessSetId,
-                                               std::vector<int64_t>(ranks.begin(), ranks.end()),
-                                               nullptr));
+  HVD_ASSIGN_OR_RETURN(
+      Handle h, SubmitControl(OpType::kProcessSetAdd, kProcessSetAddPrefix + std::to_string(n),
+                              kGlobalProcessSetId, std::vector<int64_t>(ranks.begin(), ranks.end()),
+                              nullptr));
   HVD_ASSIGN_OR_RETURN(std::vector<Output> out, WaitOutputs(h));
   return static_cast<int32_t>(out.front().value);
 }
@@ -488,8 +492,9 @@ Status RemoveProcessSet(int32_t id) {
         "HOROVOD_DYNAMIC_PROCESS_SETS=1 before Init");
   }
   if (id == kGlobalProcessSetId) {
-    return Status::InvalidArgument("remove_process_set: the global process set (id 0) cannot be "
-                                   "removed");
+    return Status::InvalidArgument(
+        "remove_process_set: the global process set (id 0) cannot be "
+        "removed");
   }
   HVD_RETURN_IF_ERROR(R().sets.Get(id).status());
   const int64_t n = R().noname[static_cast<int>(OpType::kProcessSetRemove)].fetch_add(1);
@@ -513,8 +518,7 @@ Status Broadcast(const TensorView& input, const TensorView& output, int root_ran
   return Wait(h);
 }
 
-Result<Output> Allgather(const TensorView& input, const std::string& name,
-                         int32_t process_set_id) {
+Result<Output> Allgather(const TensorView& input, const std::string& name, int32_t process_set_id) {
   HVD_ASSIGN_OR_RETURN(Handle h, EnqueueAllgather(input, name, process_set_id));
   HVD_ASSIGN_OR_RETURN(std::vector<Output> out, WaitOutputs(h));
   return std::move(out.front());

@@ -8,8 +8,7 @@ namespace hvd {
 namespace {
 
 // Everything two responses must share to be fused; the first field says which kind of fusion.
-using FusionKey =
-    std::tuple<OpType, DataType, ReduceOp, double, double, int32_t, int32_t, int32_t>;
+using FusionKey = std::tuple<OpType, DataType, ReduceOp, double, double, int32_t, int32_t, int32_t>;
 
 bool Fusable(const Response& r) {
   return r.type == OpType::kAllreduce || r.type == OpType::kBroadcast ||
@@ -26,8 +25,8 @@ FusionKey KeyOf(const Response& r) {
   switch (r.type) {
     case OpType::kAllreduce:
     case OpType::kReducescatter:
-      return {r.type, r.dtype, r.reduce_op, r.prescale_factor, r.postscale_factor, r.device,
-              r.process_set_id, -1};
+      return {r.type,   r.dtype,          r.reduce_op, r.prescale_factor, r.postscale_factor,
+              r.device, r.process_set_id, -1};
     case OpType::kBroadcast:
       return {r.type, r.dtype, ReduceOp::kSum, 1.0, 1.0, r.device, r.process_set_id, r.root_rank};
     default:  // allgather

@@ -44,16 +44,26 @@ struct TensorView {
 
 template <typename T>
 constexpr DataType DataTypeOf() {
-  if constexpr (std::is_same_v<T, bool>) return DataType::kBool;
-  else if constexpr (std::is_same_v<T, uint8_t>) return DataType::kUInt8;
-  else if constexpr (std::is_same_v<T, int8_t>) return DataType::kInt8;
-  else if constexpr (std::is_same_v<T, uint16_t>) return DataType::kUInt16;
-  else if constexpr (std::is_same_v<T, int16_t>) return DataType::kInt16;
-  else if constexpr (std::is_same_v<T, int32_t>) return DataType::kInt32;
-  else if constexpr (std::is_same_v<T, int64_t>) return DataType::kInt64;
-  else if constexpr (std::is_same_v<T, float>) return DataType::kFloat32;
-  else if constexpr (std::is_same_v<T, double>) return DataType::kFloat64;
-  else static_assert(sizeof(T) == 0, "no horovod_cpp dtype for this C++ type; set dtype yourself");
+  if constexpr (std::is_same_v<T, bool>)
+    return DataType::kBool;
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    return DataType::kUInt8;
+  else if constexpr (std::is_same_v<T, int8_t>)
+    return DataType::kInt8;
+  else if constexpr (std::is_same_v<T, uint16_t>)
+    return DataType::kUInt16;
+  else if constexpr (std::is_same_v<T, int16_t>)
+    return DataType::kInt16;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return DataType::kInt32;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return DataType::kInt64;
+  else if constexpr (std::is_same_v<T, float>)
+    return DataType::kFloat32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DataType::kFloat64;
+  else
+    static_assert(sizeof(T) == 0, "no horovod_cpp dtype for this C++ type; set dtype yourself");
 }
 
 // View of host memory holding C++ values of type T (float16/bfloat16 data: build a TensorView
@@ -89,7 +99,7 @@ struct ProcessSetInfo {
   int32_t id = kGlobalProcessSetId;
   std::vector<int> ranks;  // global ranks, sorted
   int size = 0;
-  int rank = -1;           // this rank's index within the set, -1 if not included
+  int rank = -1;  // this rank's index within the set, -1 if not included
   bool included = false;
 };
 
@@ -101,10 +111,10 @@ struct InitOptions {
 
 // Counters since Init, for tests and benchmarks.
 struct Stats {
-  uint64_t cycles = 0;               // negotiation cycles run
-  uint64_t cache_hits = 0;           // tensors negotiated through the bit-vector fast path
-  uint64_t coordinator_rounds = 0;   // cycles that gathered requests at rank 0
-  uint64_t allreduce_calls = 0;      // data-plane collectives issued, by kind
+  uint64_t cycles = 0;              // negotiation cycles run
+  uint64_t cache_hits = 0;          // tensors negotiated through the bit-vector fast path
+  uint64_t coordinator_rounds = 0;  // cycles that gathered requests at rank 0
+  uint64_t allreduce_calls = 0;     // data-plane collectives issued, by kind
   uint64_t broadcast_calls = 0;
   uint64_t allgather_calls = 0;
   uint64_t alltoall_calls = 0;
@@ -177,8 +187,7 @@ Result<Handle> EnqueueAlltoall(const TensorView& input, const std::vector<int64_
 // Reduces `input` (same shape everywhere) and scatters dim 0: rank i of the set receives
 // ReducescatterShape(...) rows, the first dim0 % size ranks one more. Sum or Average only.
 Result<Handle> EnqueueReducescatter(const TensorView& input, const TensorView& output,
-                                    const std::string& name,
-                                    const AllreduceOptions& options = {},
+                                    const std::string& name, const AllreduceOptions& options = {},
                                     StatusCallback callback = nullptr);
 // The output shape of a reducescatter of `input_shape` on this rank of `process_set_id`.
 Result<TensorShape> ReducescatterShape(const TensorShape& input_shape,
@@ -223,8 +232,7 @@ Status Broadcast(const TensorView& input, const TensorView& output, int root_ran
 Result<Output> Allgather(const TensorView& input, const std::string& name = "",
                          int32_t process_set_id = kGlobalProcessSetId);
 Result<Output> Alltoall(const TensorView& input, const std::vector<int64_t>& splits = {},
-                        const std::string& name = "",
-                        int32_t process_set_id = kGlobalProcessSetId);
+                        const std::string& name = "", int32_t process_set_id = kGlobalProcessSetId);
 Status Reducescatter(const TensorView& input, const TensorView& output,
                      const std::string& name = "", const AllreduceOptions& options = {});
 // Returns the last rank to join (the same on every rank).

@@ -50,8 +50,8 @@ class LogMessage {
 
 // The conditional-expression form (as glog does) keeps `if (x) HVD_LOG(...) << y; else ...`
 // unambiguous: `&` binds looser than `<<`, so the whole stream expression is one operand.
-#define HVD_LOG(severity)                                                         \
-  !::hvd::detail::LogEnabled(::hvd::detail::kLog##severity)                       \
-      ? (void)0                                                                   \
-      : ::hvd::detail::LogVoidify() &                                             \
+#define HVD_LOG(severity)                                   \
+  !::hvd::detail::LogEnabled(::hvd::detail::kLog##severity) \
+      ? (void)0                                             \
+      : ::hvd::detail::LogVoidify() &                       \
             ::hvd::detail::LogMessage(::hvd::detail::kLog##severity).stream()

@@ -63,9 +63,12 @@ Status ReadEnums(wire::Reader& rd, OpType* type, DataType* dtype, ReduceOp* op) 
   *type = static_cast<OpType>(t);
   *dtype = static_cast<DataType>(d);
   *op = static_cast<ReduceOp>(o);
-  if (!IsValid(*type)) return Status::InvalidArgument("corrupt message: op type " + std::to_string(t));
-  if (!IsValid(*dtype)) return Status::InvalidArgument("corrupt message: dtype " + std::to_string(d));
-  if (!IsValid(*op)) return Status::InvalidArgument("corrupt message: reduce op " + std::to_string(o));
+  if (!IsValid(*type))
+    return Status::InvalidArgument("corrupt message: op type " + std::to_string(t));
+  if (!IsValid(*dtype))
+    return Status::InvalidArgument("corrupt message: dtype " + std::to_string(d));
+  if (!IsValid(*op))
+    return Status::InvalidArgument("corrupt message: reduce op " + std::to_string(o));
   return Status::OK();
 }
 
@@ -167,19 +170,18 @@ bool Request::operator==(const Request& o) const {
   return request_rank == o.request_rank && type == o.type && dtype == o.dtype &&
          reduce_op == o.reduce_op && root_rank == o.root_rank && device == o.device &&
          process_set_id == o.process_set_id && group_size == o.group_size &&
-         group_name == o.group_name &&
-         prescale_factor == o.prescale_factor && postscale_factor == o.postscale_factor &&
-         tensor_name == o.tensor_name && shape == o.shape && splits == o.splits;
+         group_name == o.group_name && prescale_factor == o.prescale_factor &&
+         postscale_factor == o.postscale_factor && tensor_name == o.tensor_name &&
+         shape == o.shape && splits == o.splits;
 }
 
 bool Response::operator==(const Response& o) const {
   return type == o.type && dtype == o.dtype && reduce_op == o.reduce_op &&
          root_rank == o.root_rank && device == o.device && process_set_id == o.process_set_id &&
          last_joined_rank == o.last_joined_rank && group_size == o.group_size &&
-         prescale_factor == o.prescale_factor &&
-         postscale_factor == o.postscale_factor && tensor_names == o.tensor_names &&
-         tensor_sizes == o.tensor_sizes && rank_sizes == o.rank_sizes &&
-         error_message == o.error_message;
+         prescale_factor == o.prescale_factor && postscale_factor == o.postscale_factor &&
+         tensor_names == o.tensor_names && tensor_sizes == o.tensor_sizes &&
+         rank_sizes == o.rank_sizes && error_message == o.error_message;
 }
 
 std::vector<uint8_t> SerializeRequestList(const RequestList& list) {

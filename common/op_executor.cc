@@ -290,7 +290,8 @@ Status OpExecutor::ExecuteReducescatter(const Response& r, const Set& set,
   };
   std::vector<int64_t> recv_counts(n, 0);
   for (size_t q = 0; q < n; ++q) {
-    for (size_t t = 0; t < count; ++t) recv_counts[q] += rows(t, q) * RowElements(entries[t].input.shape);
+    for (size_t t = 0; t < count; ++t)
+      recv_counts[q] += rows(t, q) * RowElements(entries[t].input.shape);
   }
   counters_->reducescatter_calls.fetch_add(1, std::memory_order_relaxed);
 
@@ -318,7 +319,8 @@ Status OpExecutor::ExecuteReducescatter(const Response& r, const Set& set,
     }
   }
   ops::ScaleBuffer(send, total, dtype, r.prescale_factor);
-  HVD_RETURN_IF_ERROR(backend_->ReduceScatter(r.process_set_id, send, recv, recv_counts, dtype, op));
+  HVD_RETURN_IF_ERROR(
+      backend_->ReduceScatter(r.process_set_id, send, recv, recv_counts, dtype, op));
   FinishReduction(r, set, recv, recv_counts[set.rank]);
   offset = 0;
   for (size_t t = 0; t < count; ++t) {

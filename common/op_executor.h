@@ -51,9 +51,12 @@ class OpExecutor {
   };
   Result<Set> SetOf(int32_t process_set_id) const;
 
-  Status ExecuteAllreduce(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
-  Status ExecuteBroadcast(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
-  Status ExecuteAllgather(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
+  Status ExecuteAllreduce(const Response& r, const Set& set,
+                          std::vector<TensorTableEntry>& entries);
+  Status ExecuteBroadcast(const Response& r, const Set& set,
+                          std::vector<TensorTableEntry>& entries);
+  Status ExecuteAllgather(const Response& r, const Set& set,
+                          std::vector<TensorTableEntry>& entries);
   Status ExecuteAlltoall(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
   Status ExecuteReducescatter(const Response& r, const Set& set,
                               std::vector<TensorTableEntry>& entries);

@@ -38,7 +38,7 @@ StallInspector::Verdict StallInspector::Check(const std::vector<Coordinator::Pen
   Verdict v;
   if (!enabled()) return v;
   std::map<int, std::vector<std::string>> missing;  // rank -> stalled tensor names
-  std::map<int, bool> over_shutdown;                 // rank -> stalled past the shutdown time
+  std::map<int, bool> over_shutdown;                // rank -> stalled past the shutdown time
   const Coordinator::Pending* worst = nullptr;
   for (const Coordinator::Pending& p : pending) {
     const auto waited = now - p.first_seen;
@@ -60,11 +60,11 @@ StallInspector::Verdict StallInspector::Check(const std::vector<Coordinator::Pen
     for (size_t i = 0; i < worst->missing_ranks.size(); ++i) {
       ranks += (i ? ", " : "") + std::to_string(worst->missing_ranks[i]);
     }
-    v.shutdown_reason = "stalled: tensor '" + Describe(worst->key) + "' waited more than " +
-                        FormatSeconds(shutdown_seconds_) + " s for " +
-                        (worst->missing_ranks.size() == 1 ? "rank " : "ranks ") + ranks +
-                        " (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=" + FormatSeconds(shutdown_seconds_) +
-                        ")";
+    v.shutdown_reason =
+        "stalled: tensor '" + Describe(worst->key) + "' waited more than " +
+        FormatSeconds(shutdown_seconds_) + " s for " +
+        (worst->missing_ranks.size() == 1 ? "rank " : "ranks ") + ranks +
+        " (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=" + FormatSeconds(shutdown_seconds_) + ")";
   }
   if (!v.shutdown && last_warning_ && now - *last_warning_ < check_) return v;
   last_warning_ = now;

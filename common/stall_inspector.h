@@ -27,7 +27,7 @@ class StallInspector {
   StallInspector(double check_seconds, double shutdown_seconds);
 
   struct Verdict {
-    std::string warning;          // empty: nothing to report now
+    std::string warning;  // empty: nothing to report now
     bool shutdown = false;
     std::string shutdown_reason;  // set with shutdown
   };

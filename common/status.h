@@ -74,8 +74,8 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}                           // NOLINT: implicit
-  Result(Status status) : status_(std::move(status)) {                    // NOLINT: implicit
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit
+  Result(Status status) : status_(std::move(status)) {  // NOLINT: implicit
     if (status_.ok()) status_ = Status::Internal("Result constructed from an OK status");
   }
 
@@ -118,9 +118,9 @@ class [[nodiscard]] Result {
 #define HVD_STATUS_CONCAT(a, b) HVD_STATUS_CONCAT_INNER(a, b)
 
 // Returns the Status from the enclosing function if `expr` is not OK.
-#define HVD_RETURN_IF_ERROR(expr)          \
-  do {                                     \
-    ::hvd::Status hvd_status_ = (expr);    \
+#define HVD_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::hvd::Status hvd_status_ = (expr);        \
     if (!hvd_status_.ok()) return hvd_status_; \
   } while (0)
 
@@ -133,11 +133,10 @@ class [[nodiscard]] Result {
   lhs = std::move(tmp).value()
 
 // Invariant check for bugs (never for user input): prints file:line and aborts.
-#define HVD_CHECK(cond)                                                                  \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      std::fprintf(stderr, "horovod_cpp: check failed at %s:%d: %s\n", __FILE__, __LINE__, \
-                   #cond);                                                               \
-      std::abort();                                                                      \
-    }                                                                                    \
+#define HVD_CHECK(cond)                                                                            \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      std::fprintf(stderr, "horovod_cpp: check failed at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                                \
+    }                                                                                              \
   } while (0)

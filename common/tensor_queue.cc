@@ -14,9 +14,9 @@ Status TensorQueue::Add(std::vector<TensorTableEntry> entries) {
     for (const TensorTableEntry& e : entries) {
       const Request& r = e.request;
       if (removed_sets_.count(r.process_set_id)) {
-        return Status::InvalidArgument(std::string(OpTypeLowerName(r.type)) + " '" +
-                                       r.tensor_name + "': process set " +
-                                       std::to_string(r.process_set_id) + " has been removed");
+        return Status::InvalidArgument(std::string(OpTypeLowerName(r.type)) + " '" + r.tensor_name +
+                                       "': process set " + std::to_string(r.process_set_id) +
+                                       " has been removed");
       }
       if (table_.count(r.key()) || !seen.insert(r.tensor_name).second) {
         return Status::FailedPrecondition(

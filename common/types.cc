@@ -30,17 +30,28 @@ int64_t DataTypeSize(DataType dtype) {
 
 const char* DataTypeName(DataType dtype) {
   switch (dtype) {
-    case DataType::kUInt8: return "uint8";
-    case DataType::kInt8: return "int8";
-    case DataType::kUInt16: return "uint16";
-    case DataType::kInt16: return "int16";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
-    case DataType::kFloat16: return "float16";
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kBool: return "bool";
-    case DataType::kBFloat16: return "bfloat16";
+    case DataType::kUInt8:
+      return "uint8";
+    case DataType::kInt8:
+      return "int8";
+    case DataType::kUInt16:
+      return "uint16";
+    case DataType::kInt16:
+      return "int16";
+    case DataType::kInt32:
+      return "int32";
+    case DataType::kInt64:
+      return "int64";
+    case DataType::kFloat16:
+      return "float16";
+    case DataType::kFloat32:
+      return "float32";
+    case DataType::kFloat64:
+      return "float64";
+    case DataType::kBool:
+      return "bool";
+    case DataType::kBFloat16:
+      return "bfloat16";
   }
   return "invalid-dtype";
 }
@@ -52,46 +63,74 @@ bool IsFloatingPoint(DataType dtype) {
 
 const char* ReduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kAverage: return "Average";
-    case ReduceOp::kSum: return "Sum";
-    case ReduceOp::kAdasum: return "Adasum";
-    case ReduceOp::kMin: return "Min";
-    case ReduceOp::kMax: return "Max";
-    case ReduceOp::kProduct: return "Product";
+    case ReduceOp::kAverage:
+      return "Average";
+    case ReduceOp::kSum:
+      return "Sum";
+    case ReduceOp::kAdasum:
+      return "Adasum";
+    case ReduceOp::kMin:
+      return "Min";
+    case ReduceOp::kMax:
+      return "Max";
+    case ReduceOp::kProduct:
+      return "Product";
   }
   return "invalid-op";
 }
 
 const char* OpTypeName(OpType type) {
   switch (type) {
-    case OpType::kAllreduce: return "ALLREDUCE";
-    case OpType::kAllgather: return "ALLGATHER";
-    case OpType::kBroadcast: return "BROADCAST";
-    case OpType::kJoin: return "JOIN";
-    case OpType::kAdasum: return "ADASUM";
-    case OpType::kAlltoall: return "ALLTOALL";
-    case OpType::kBarrier: return "BARRIER";
-    case OpType::kReducescatter: return "REDUCESCATTER";
-    case OpType::kError: return "ERROR";
-    case OpType::kProcessSetAdd: return "PROCESS_SET_ADD";
-    case OpType::kProcessSetRemove: return "PROCESS_SET_REMOVE";
+    case OpType::kAllreduce:
+      return "ALLREDUCE";
+    case OpType::kAllgather:
+      return "ALLGATHER";
+    case OpType::kBroadcast:
+      return "BROADCAST";
+    case OpType::kJoin:
+      return "JOIN";
+    case OpType::kAdasum:
+      return "ADASUM";
+    case OpType::kAlltoall:
+      return "ALLTOALL";
+    case OpType::kBarrier:
+      return "BARRIER";
+    case OpType::kReducescatter:
+      return "REDUCESCATTER";
+    case OpType::kError:
+      return "ERROR";
+    case OpType::kProcessSetAdd:
+      return "PROCESS_SET_ADD";
+    case OpType::kProcessSetRemove:
+      return "PROCESS_SET_REMOVE";
   }
   return "INVALID";
 }
 
 const char* OpTypeLowerName(OpType type) {
   switch (type) {
-    case OpType::kAllreduce: return "allreduce";
-    case OpType::kAllgather: return "allgather";
-    case OpType::kBroadcast: return "broadcast";
-    case OpType::kJoin: return "join";
-    case OpType::kAdasum: return "adasum";
-    case OpType::kAlltoall: return "alltoall";
-    case OpType::kBarrier: return "barrier";
-    case OpType::kReducescatter: return "reducescatter";
-    case OpType::kError: return "error";
-    case OpType::kProcessSetAdd: return "add_process_set";
-    case OpType::kProcessSetRemove: return "remove_process_set";
+    case OpType::kAllreduce:
+      return "allreduce";
+    case OpType::kAllgather:
+      return "allgather";
+    case OpType::kBroadcast:
+      return "broadcast";
+    case OpType::kJoin:
+      return "join";
+    case OpType::kAdasum:
+      return "adasum";
+    case OpType::kAlltoall:
+      return "alltoall";
+    case OpType::kBarrier:
+      return "barrier";
+    case OpType::kReducescatter:
+      return "reducescatter";
+    case OpType::kError:
+      return "error";
+    case OpType::kProcessSetAdd:
+      return "add_process_set";
+    case OpType::kProcessSetRemove:
+      return "remove_process_set";
   }
   return "invalid";
 }

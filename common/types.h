@@ -48,7 +48,7 @@ enum class OpType : uint8_t {
   kBarrier = 6,
   kReducescatter = 7,
   kError = 8,
-  kProcessSetAdd = 9,     // collective registration of a dynamic process set
+  kProcessSetAdd = 9,  // collective registration of a dynamic process set
   kProcessSetRemove = 10,
 };
 constexpr int kNumOpTypes = 11;

@@ -17,7 +17,8 @@ int failures = 0;
 
 void Report(int rank, const std::string& what, bool ok) {
   if (!ok) ++failures;
-  if (rank == 0 || !ok) std::printf("[rank %d] %-58s %s\n", rank, what.c_str(), ok ? "ok" : "WRONG");
+  if (rank == 0 || !ok)
+    std::printf("[rank %d] %-58s %s\n", rank, what.c_str(), ok ? "ok" : "WRONG");
 }
 
 bool Check(const hvd::Status& s, int rank, const char* what) {
@@ -45,8 +46,9 @@ int main() {
                            {hvd::ReduceOp::kSum}),
             rank, "allreduce")) {
     const float expected = size * (size + 1) / 2.0f;
-    Report(rank, "allreduce Sum of (rank+1) = " + std::to_string(sum[0]) + ", expected " +
-                     std::to_string(expected),
+    Report(rank,
+           "allreduce Sum of (rank+1) = " + std::to_string(sum[0]) + ", expected " +
+               std::to_string(expected),
            sum[0] == expected && sum[999] == expected);
   }
 
@@ -55,8 +57,9 @@ int main() {
   if (Check(hvd::Allreduce(hvd::View(avg.data(), {8}), hvd::View(avg.data(), {8}), "avg"), rank,
             "allreduce")) {
     const int64_t expected = (int64_t{10} * size * (size - 1) / 2) / size;
-    Report(rank, "allreduce Average of int64 10*rank = " + std::to_string(avg[0]) +
-                     ", expected " + std::to_string(expected),
+    Report(rank,
+           "allreduce Average of int64 10*rank = " + std::to_string(avg[0]) + ", expected " +
+               std::to_string(expected),
            avg[0] == expected);
   }
 
@@ -75,9 +78,9 @@ int main() {
   std::vector<hvd::Handle> handles;
   for (int i = 0; i < 100; ++i) {
     for (float& x : grads[i]) x = static_cast<float>(rank + i);
-    auto h = hvd::EnqueueAllreduce(hvd::View(grads[i].data(), {64}),
-                                   hvd::View(grads[i].data(), {64}), "grad." + std::to_string(i),
-                                   {hvd::ReduceOp::kSum});
+    auto h =
+        hvd::EnqueueAllreduce(hvd::View(grads[i].data(), {64}), hvd::View(grads[i].data(), {64}),
+                              "grad." + std::to_string(i), {hvd::ReduceOp::kSum});
     if (!h.ok()) {
       Check(h.status(), rank, "enqueue");
       break;
@@ -91,12 +94,13 @@ int main() {
     all_ok &= grads[i][0] == expected && grads[i][63] == expected;
   }
   const hvd::Stats after = *hvd::GetStats();
-  Report(rank, "100 async allreduces correct, fused into " +
-                   std::to_string(after.allreduce_calls - before.allreduce_calls) +
-                   " allreduce call(s)",
+  Report(rank,
+         "100 async allreduces correct, fused into " +
+             std::to_string(after.allreduce_calls - before.allreduce_calls) + " allreduce call(s)",
          all_ok);
 
   hvd::Shutdown().IgnoreError();
-  if (rank == 0) std::printf("horovod_cpp demo: %s\n", failures == 0 ? "all checks passed" : "FAILED");
+  if (rank == 0)
+    std::printf("horovod_cpp demo: %s\n", failures == 0 ? "all checks passed" : "FAILED");
   return failures == 0 ? 0 : 1;
 }

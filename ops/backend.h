@@ -23,9 +23,9 @@ namespace ops {
 struct Topology {
   int rank = 0;
   int size = 1;
-  int local_rank = 0;   // rank among the processes on this host
+  int local_rank = 0;  // rank among the processes on this host
   int local_size = 1;
-  int cross_rank = 0;   // index of this host among hosts (ranks with the same local_rank)
+  int cross_rank = 0;  // index of this host among hosts (ranks with the same local_rank)
   int cross_size = 1;
   bool threads_multiple = false;  // MPI_THREAD_MULTIPLE available
 };
@@ -65,14 +65,14 @@ class Backend {
   //
   // Element-wise reduction of `count` elements. `send` == nullptr or == `recv` means in place.
   // `op` is one of kSum, kMin, kMax, kProduct (Average is Sum plus scaling by the caller).
-  virtual Status Allreduce(int32_t ps, const void* send, void* recv, int64_t count,
-                           DataType dtype, ReduceOp op) = 0;
+  virtual Status Allreduce(int32_t ps, const void* send, void* recv, int64_t count, DataType dtype,
+                           ReduceOp op) = 0;
   virtual Status Broadcast(int32_t ps, void* buffer, int64_t bytes, int root) = 0;
   virtual Status Barrier(int32_t ps) = 0;
   // Each rank sends `send_count` elements; rank r's arrive at recv + displs[r].
   virtual Status Allgatherv(int32_t ps, const void* send, int64_t send_count, void* recv,
-                            const std::vector<int64_t>& counts,
-                            const std::vector<int64_t>& displs, DataType dtype) = 0;
+                            const std::vector<int64_t>& counts, const std::vector<int64_t>& displs,
+                            DataType dtype) = 0;
   virtual Status Alltoallv(int32_t ps, const void* send, const std::vector<int64_t>& send_counts,
                            const std::vector<int64_t>& send_displs, void* recv,
                            const std::vector<int64_t>& recv_counts,

@@ -18,7 +18,7 @@ inline float HalfToFloat(uint16_t h) {
   if (exp == 0) {
     if (mant == 0) {
       bits = sign;  // signed zero
-    } else {      // subnormal: normalise
+    } else {        // subnormal: normalise
       int e = -1;
       do {
         ++e;
@@ -45,7 +45,7 @@ inline uint16_t FloatToHalf(float f) {
     return static_cast<uint16_t>(sign | 0x7C00u | (abs > 0x7F800000u ? 0x200u : 0u));
   }
   if (abs >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // rounds to inf
-  if (abs < 0x38800000u) {  // result is subnormal or zero in half precision
+  if (abs < 0x38800000u) {               // result is subnormal or zero in half precision
     if (abs < 0x33000000u) return sign;  // below half the smallest subnormal: rounds to 0
     // value = m * 2^(e-150) with the implicit bit in m; a half subnormal is k * 2^-24,
     // so k = m >> (126 - e), rounded to nearest even on the dropped bits.

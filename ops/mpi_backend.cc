@@ -58,14 +58,13 @@ std::string MpiErrorText(int code) {
   return std::string(text, len);
 }
 
-#define HVD_MPI_CHECK(call)                                                                \
-  do {                                                                                     \
-    int hvd_mpi_rc_ = (call);                                                              \
-    if (hvd_mpi_rc_ != MPI_SUCCESS) {                                                      \
-      return Status::Unavailable(std::string(#call) + " failed: " +                        \
-                                 MpiErrorText(hvd_mpi_rc_) + " (" __FILE__ ":" +           \
-                                 std::to_string(__LINE__) + ")");                          \
-    }                                                                                      \
+#define HVD_MPI_CHECK(call)                                                                     \
+  do {                                                                                          \
+    int hvd_mpi_rc_ = (call);                                                                   \
+    if (hvd_mpi_rc_ != MPI_SUCCESS) {                                                           \
+      return Status::Unavailable(std::string(#call) + " failed: " + MpiErrorText(hvd_mpi_rc_) + \
+                                 " (" __FILE__ ":" + std::to_string(__LINE__) + ")");           \
+    }                                                                                           \
   } while (0)
 
 class MpiBackend final : public Backend {
@@ -93,8 +92,8 @@ class MpiBackend final : public Backend {
     } else {
       MPI_Query_thread(&provided);
       if (provided < MPI_THREAD_SERIALIZED) {
-        HVD_LOG(WARNING) << "MPI was initialized by the application with thread level "
-                         << provided << "; horovod_cpp calls MPI from its background thread and "
+        HVD_LOG(WARNING) << "MPI was initialized by the application with thread level " << provided
+                         << "; horovod_cpp calls MPI from its background thread and "
                          << "needs at least MPI_THREAD_SERIALIZED (initialize with "
                          << "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...))";
       }
@@ -153,7 +152,8 @@ class MpiBackend final : public Backend {
 
   Status AllreduceBitsAnd(uint64_t* words, int count) override {
     MPI_Request req;
-    HVD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, MPI_BAND, control_, &req));
+    HVD_MPI_CHECK(
+        MPI_Iallreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, MPI_BAND, control_, &req));
     return WaitPolitely(&req, "bit-vector allreduce");
   }
 
@@ -272,8 +272,8 @@ class MpiBackend final : public Backend {
 
   Status Alltoallv(int32_t ps, const void* send, const std::vector<int64_t>& send_counts,
                    const std::vector<int64_t>& send_displs, void* recv,
-                   const std::vector<int64_t>& recv_counts,
-                   const std::vector<int64_t>& recv_displs, DataType dtype) override {
+                   const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs,
+                   DataType dtype) override {
     MPI_Comm comm;
     HVD_RETURN_IF_ERROR(Comm(ps, &comm));
     std::vector<int> sc, sd, rc, rd;
@@ -282,7 +282,8 @@ class MpiBackend final : public Backend {
     HVD_RETURN_IF_ERROR(ToInts(recv_counts, &rc, "alltoall"));
     HVD_RETURN_IF_ERROR(ToInts(recv_displs, &rd, "alltoall"));
     const MPI_Datatype t = MpiType(dtype);
-    HVD_MPI_CHECK(MPI_Alltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm));
+    HVD_MPI_CHECK(
+        MPI_Alltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm));
     return Status::OK();
   }
 
@@ -327,17 +328,28 @@ class MpiBackend final : public Backend {
 
   static MPI_Datatype MpiType(DataType dtype) {
     switch (dtype) {
-      case DataType::kUInt8: return MPI_UINT8_T;
-      case DataType::kInt8: return MPI_INT8_T;
-      case DataType::kUInt16: return MPI_UINT16_T;
-      case DataType::kInt16: return MPI_INT16_T;
-      case DataType::kInt32: return MPI_INT32_T;
-      case DataType::kInt64: return MPI_INT64_T;
-      case DataType::kFloat32: return MPI_FLOAT;
-      case DataType::kFloat64: return MPI_DOUBLE;
-      case DataType::kBool: return MPI_C_BOOL;
-      case DataType::kFloat16: return g_float16;
-      case DataType::kBFloat16: return g_bfloat16;
+      case DataType::kUInt8:
+        return MPI_UINT8_T;
+      case DataType::kInt8:
+        return MPI_INT8_T;
+      case DataType::kUInt16:
+        return MPI_UINT16_T;
+      case DataType::kInt16:
+        return MPI_INT16_T;
+      case DataType::kInt32:
+        return MPI_INT32_T;
+      case DataType::kInt64:
+        return MPI_INT64_T;
+      case DataType::kFloat32:
+        return MPI_FLOAT;
+      case DataType::kFloat64:
+        return MPI_DOUBLE;
+      case DataType::kBool:
+        return MPI_C_BOOL;
+      case DataType::kFloat16:
+        return g_float16;
+      case DataType::kBFloat16:
+        return g_bfloat16;
     }
     return MPI_DATATYPE_NULL;
   }
@@ -371,10 +383,18 @@ class MpiBackend final : public Backend {
   Status MpiOp(DataType dtype, ReduceOp op, MPI_Op* out) const {
     const bool custom = dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
     switch (op) {
-      case ReduceOp::kSum: *out = custom ? op16_sum_ : MPI_SUM; return Status::OK();
-      case ReduceOp::kMin: *out = custom ? op16_min_ : MPI_MIN; return Status::OK();
-      case ReduceOp::kMax: *out = custom ? op16_max_ : MPI_MAX; return Status::OK();
-      case ReduceOp::kProduct: *out = custom ? op16_prod_ : MPI_PROD; return Status::OK();
+      case ReduceOp::kSum:
+        *out = custom ? op16_sum_ : MPI_SUM;
+        return Status::OK();
+      case ReduceOp::kMin:
+        *out = custom ? op16_min_ : MPI_MIN;
+        return Status::OK();
+      case ReduceOp::kMax:
+        *out = custom ? op16_max_ : MPI_MAX;
+        return Status::OK();
+      case ReduceOp::kProduct:
+        *out = custom ? op16_prod_ : MPI_PROD;
+        return Status::OK();
       default:
         return Status::Internal(std::string("the MPI backend was asked for reduction ") +
                                 ReduceOpName(op) + ", which the caller must lower first");
@@ -387,7 +407,8 @@ class MpiBackend final : public Backend {
   MPI_Comm control_ = MPI_COMM_NULL;  // negotiation only
   MPI_Comm local_ = MPI_COMM_NULL;
   MPI_Comm cross_ = MPI_COMM_NULL;
-  std::map<int32_t, MPI_Comm> sets_;  // process set id -> communicator (MPI_COMM_NULL: not a member)
+  std::map<int32_t, MPI_Comm>
+      sets_;  // process set id -> communicator (MPI_COMM_NULL: not a member)
   MPI_Op op16_sum_ = MPI_OP_NULL;
   MPI_Op op16_min_ = MPI_OP_NULL;
   MPI_Op op16_max_ = MPI_OP_NULL;

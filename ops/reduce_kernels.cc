@@ -15,10 +15,14 @@ namespace {
 template <typename T>
 T Apply(T a, T b, ReduceOp op) {
   switch (op) {
-    case ReduceOp::kMin: return std::min(a, b);
-    case ReduceOp::kMax: return std::max(a, b);
-    case ReduceOp::kProduct: return static_cast<T>(a * b);
-    default: return static_cast<T>(a + b);
+    case ReduceOp::kMin:
+      return std::min(a, b);
+    case ReduceOp::kMax:
+      return std::max(a, b);
+    case ReduceOp::kProduct:
+      return static_cast<T>(a * b);
+    default:
+      return static_cast<T>(a + b);
   }
 }
 
@@ -101,17 +105,28 @@ struct TypeTag {
 template <typename F>
 void VisitType(DataType dtype, F&& f) {
   switch (dtype) {
-    case DataType::kUInt8: return f(TypeTag<uint8_t>{});
-    case DataType::kInt8: return f(TypeTag<int8_t>{});
-    case DataType::kUInt16: return f(TypeTag<uint16_t>{});
-    case DataType::kInt16: return f(TypeTag<int16_t>{});
-    case DataType::kInt32: return f(TypeTag<int32_t>{});
-    case DataType::kInt64: return f(TypeTag<int64_t>{});
-    case DataType::kFloat32: return f(TypeTag<float>{});
-    case DataType::kFloat64: return f(TypeTag<double>{});
-    case DataType::kBool: return f(TypeTag<bool>{});
-    case DataType::kFloat16: return f(TypeTag<Float16Tag>{});
-    case DataType::kBFloat16: return f(TypeTag<BFloat16Tag>{});
+    case DataType::kUInt8:
+      return f(TypeTag<uint8_t>{});
+    case DataType::kInt8:
+      return f(TypeTag<int8_t>{});
+    case DataType::kUInt16:
+      return f(TypeTag<uint16_t>{});
+    case DataType::kInt16:
+      return f(TypeTag<int16_t>{});
+    case DataType::kInt32:
+      return f(TypeTag<int32_t>{});
+    case DataType::kInt64:
+      return f(TypeTag<int64_t>{});
+    case DataType::kFloat32:
+      return f(TypeTag<float>{});
+    case DataType::kFloat64:
+      return f(TypeTag<double>{});
+    case DataType::kBool:
+      return f(TypeTag<bool>{});
+    case DataType::kFloat16:
+      return f(TypeTag<Float16Tag>{});
+    case DataType::kBFloat16:
+      return f(TypeTag<BFloat16Tag>{});
   }
 }
 

@@ -99,8 +99,10 @@ TEST(Allgather, MismatchedTrailingDimensionsFailOnEveryRank) {
   EXPECT_EQ(out.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(out.status().message(), want);
   float scalar = 1;
-  EXPECT_NE(EnqueueAllgather(View(&scalar, {}), "ag.scalar").status().message().find(
-                "a scalar cannot be gathered"),
+  EXPECT_NE(EnqueueAllgather(View(&scalar, {}), "ag.scalar")
+                .status()
+                .message()
+                .find("a scalar cannot be gathered"),
             std::string::npos);
 }
 
@@ -112,7 +114,8 @@ TEST(Alltoall, EqualSplitsEveryDtype) {
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t j = 0; j < kCols; ++j) in.Set(i * kCols + j, Cell(t, R(), i, j));
     }
-    Result<Output> out = Alltoall(in.View({rows, kCols}), {}, std::string("a2a.") + DataTypeName(t));
+    Result<Output> out =
+        Alltoall(in.View({rows, kCols}), {}, std::string("a2a.") + DataTypeName(t));
     ASSERT_TRUE(out.ok()) << out.status().ToString();
     ASSERT_EQ(out->shape, (TensorShape{rows, kCols}));
     EXPECT_EQ(out->received_splits, std::vector<int64_t>(N(), 2));
@@ -241,9 +244,11 @@ TEST(Reducescatter, FusedGroupedAndScaled) {
 
 TEST(Reducescatter, BadArgumentsAreRejectedLocally) {
   std::vector<float> x(8, 1.0f), y(8, 0.0f);
-  auto s = EnqueueReducescatter(View(x.data(), {8}), View(y.data(), {8}), "rs.max", {ReduceOp::kMax});
-  EXPECT_EQ(s.status().message(),
-            "reducescatter 'rs.max': op Max is not supported; reducescatter supports Sum and Average");
+  auto s =
+      EnqueueReducescatter(View(x.data(), {8}), View(y.data(), {8}), "rs.max", {ReduceOp::kMax});
+  EXPECT_EQ(
+      s.status().message(),
+      "reducescatter 'rs.max': op Max is not supported; reducescatter supports Sum and Average");
   s = EnqueueReducescatter(View(x.data(), {}), View(y.data(), {}), "rs.scalar", {ReduceOp::kSum});
   EXPECT_NE(s.status().message().find("a scalar cannot be scattered"), std::string::npos);
   s = EnqueueReducescatter(View(x.data(), {8}), View(y.data(), {8}), "rs.shape", {ReduceOp::kSum});

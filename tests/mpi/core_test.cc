@@ -40,10 +40,18 @@ double Expected(DataType t, ReduceOp op, int size, int64_t i) {
   for (int r = 1; r < size; ++r) {
     const double v = Contribution(t, r, i);
     switch (op) {
-      case ReduceOp::kMin: acc = std::min(acc, v); break;
-      case ReduceOp::kMax: acc = std::max(acc, v); break;
-      case ReduceOp::kProduct: acc *= v; break;
-      default: acc += v; break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      case ReduceOp::kProduct:
+        acc *= v;
+        break;
+      default:
+        acc += v;
+        break;
     }
   }
   if (op == ReduceOp::kAverage) {
@@ -92,9 +100,9 @@ TEST(Core, EveryDtypeAndOpAgainstIndependentValues) {
   for (Case& c : cases) {
     for (int64_t i = 0; i < n; ++i) c.in.Set(i, Contribution(c.dtype, R(), i));
     TensorView out = c.in_place ? c.in.View() : c.out.View();
-    auto h = EnqueueAllreduce(c.in.View(), out,
-                              std::string("every.") + DataTypeName(c.dtype) + "." + ReduceOpName(c.op),
-                              {c.op});
+    auto h = EnqueueAllreduce(
+        c.in.View(), out, std::string("every.") + DataTypeName(c.dtype) + "." + ReduceOpName(c.op),
+        {c.op});
     ASSERT_TRUE(h.ok()) << h.status().ToString();
     c.handle = *h;
   }
@@ -188,7 +196,8 @@ TEST(Core, PrescaleAndPostscale) {
   for (int t = 0; t < 5; ++t) {
     for (int64_t i = 0; i < n; ++i) fused[t][i] = static_cast<float>((R() + 1) * t);
     hs.push_back(*EnqueueAllreduce(View(fused[t].data(), {n}), View(fused[t].data(), {n}),
-                                   "scale.fused." + std::to_string(t), {ReduceOp::kSum, 2.0, 0.25}));
+                                   "scale.fused." + std::to_string(t),
+                                   {ReduceOp::kSum, 2.0, 0.25}));
   }
   for (int t = 0; t < 5; ++t) {
     ASSERT_TRUE(Wait(hs[t]).ok());
@@ -209,7 +218,8 @@ TEST(Core, BroadcastFromEveryRootEveryDtype) {
     }
     for (size_t k = 0; k < types.size(); ++k) {
       if (R() == root) {
-        for (int64_t i = 0; i < n; ++i) ins[k].Set(i, (root + i) % 2 + (types[k] == DataType::kBool ? 0 : root));
+        for (int64_t i = 0; i < n; ++i)
+          ins[k].Set(i, (root + i) % 2 + (types[k] == DataType::kBool ? 0 : root));
       }
       const bool in_place = k % 2 == 0;
       auto h = EnqueueBroadcast(ins[k].View(), in_place ? ins[k].View() : outs[k].View(), root,
@@ -232,8 +242,8 @@ TEST(Core, BroadcastFromEveryRootEveryDtype) {
   std::vector<Handle> hs;
   for (int p = 0; p < 20; ++p) {
     for (double& x : params[p]) x = R() == 0 ? p + 0.5 : -1.0;
-    hs.push_back(*EnqueueBroadcast(View(params[p].data(), {100}), View(params[p].data(), {100}),
-                                   0, "bcast.param." + std::to_string(p)));
+    hs.push_back(*EnqueueBroadcast(View(params[p].data(), {100}), View(params[p].data(), {100}), 0,
+                                   "bcast.param." + std::to_string(p)));
   }
   for (int p = 0; p < 20; ++p) {
     ASSERT_TRUE(Wait(hs[p]).ok());
@@ -263,8 +273,9 @@ TEST(Core, MismatchesGiveTheSameErrorOnEveryRankAndTheJobContinues) {
   std::vector<float> flt(4, 1.0f);
   s = R() == 0 ? Allreduce(View(flt.data(), {4}), View(flt.data(), {4}), "mismatch.dtype")
                : Allreduce(View(dbl.data(), {4}), View(dbl.data(), {4}), "mismatch.dtype");
-  EXPECT_EQ(s.message(), "allreduce 'mismatch.dtype': mismatched data types: rank 0 sent float32; " +
-                             RanksText(1, N() - 1) + " sent float64");
+  EXPECT_EQ(s.message(),
+            "allreduce 'mismatch.dtype': mismatched data types: rank 0 sent float32; " +
+                RanksText(1, N() - 1) + " sent float64");
 
   // Broadcast roots: rank 0 says root 0, the others say root 1.
   s = Broadcast(View(flt.data(), {4}), View(flt.data(), {4}), R() == 0 ? 0 : 1, "mismatch.root");
@@ -280,15 +291,15 @@ TEST(Core, MismatchesGiveTheSameErrorOnEveryRankAndTheJobContinues) {
   // Reduction ops: the last rank asks for Max.
   s = Allreduce(View(flt.data(), {4}), View(flt.data(), {4}), "mismatch.redop",
                 {R() == N() - 1 ? ReduceOp::kMax : ReduceOp::kSum});
-  EXPECT_EQ(s.message(), "allreduce 'mismatch.redop': mismatched reduction ops: " +
-                             RanksText(0, N() - 2) + " sent Sum; " + RanksText(N() - 1, N() - 1) +
-                             " sent Max");
+  EXPECT_EQ(s.message(),
+            "allreduce 'mismatch.redop': mismatched reduction ops: " + RanksText(0, N() - 2) +
+                " sent Sum; " + RanksText(N() - 1, N() - 1) + " sent Max");
 
   // The same name now works, and so does the next allreduce.
   std::vector<float> ok(4, static_cast<float>(R() + 1));
-  ASSERT_TRUE(Allreduce(View(ok.data(), {4}), View(ok.data(), {4}), "mismatch.shape",
-                        {ReduceOp::kSum})
-                  .ok());
+  ASSERT_TRUE(
+      Allreduce(View(ok.data(), {4}), View(ok.data(), {4}), "mismatch.shape", {ReduceOp::kSum})
+          .ok());
   EXPECT_EQ(ok[3], N() * (N() + 1) / 2.0f);
 }
 
@@ -301,7 +312,8 @@ TEST(Core, DuplicateNameInFlightIsRejectedAtEnqueue) {
   auto h = EnqueueAllreduce(View(a.data(), {8}), View(a.data(), {8}), "dup", {ReduceOp::kSum});
   ASSERT_TRUE(h.ok());
   if (!last) {
-    auto again = EnqueueAllreduce(View(b.data(), {8}), View(b.data(), {8}), "dup", {ReduceOp::kSum});
+    auto again =
+        EnqueueAllreduce(View(b.data(), {8}), View(b.data(), {8}), "dup", {ReduceOp::kSum});
     EXPECT_FALSE(again.ok());
     EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
     EXPECT_NE(again.status().message().find("'dup': a tensor with this name is already in flight"),
@@ -325,8 +337,9 @@ TEST(Core, FusionMergesSmallTensorsIntoFewCalls) {
   for (Handle h : hs) ASSERT_TRUE(Wait(h).ok());
   for (int k = 0; k < 100; ++k) EXPECT_EQ(t[k][15], static_cast<float>(k * N() * (N() - 1) / 2));
   const uint64_t calls = GetStats()->allreduce_calls - before.allreduce_calls;
-  if (R() == 0) std::printf("[rank 0] 100 small allreduces took %llu allreduce calls\n",
-                            static_cast<unsigned long long>(calls));
+  if (R() == 0)
+    std::printf("[rank 0] 100 small allreduces took %llu allreduce calls\n",
+                static_cast<unsigned long long>(calls));
   if (EnvIs("HOROVOD_FUSION_THRESHOLD", "0")) {
     EXPECT_EQ(calls, 100u);
   } else {
@@ -374,9 +387,9 @@ TEST(Core, BadInputIsRejectedLocallyWithAClearError) {
                 "output shape [5] differs from input shape [4]");
   code_and_text(EnqueueAllreduce(View(flags, {4}), View(flags, {4}), "bad.bool"),
                 "dtype bool is not supported for this operation");
-  code_and_text(EnqueueAllreduce(View(f.data(), {4}), View(f.data(), {4}), "bad.adasum",
-                                 {ReduceOp::kAdasum}),
-                "Adasum is not supported");
+  code_and_text(
+      EnqueueAllreduce(View(f.data(), {4}), View(f.data(), {4}), "bad.adasum", {ReduceOp::kAdasum}),
+      "Adasum is not supported");
   code_and_text(EnqueueAllreduce(View(f.data(), {4}), View(f.data(), {4}), "bad.set",
                                  {ReduceOp::kSum, 1.0, 1.0, 7}),
                 "unknown process set 7");
@@ -391,7 +404,8 @@ TEST(Core, BadInputIsRejectedLocallyWithAClearError) {
   gpu.device = 0;
   code_and_text(EnqueueAllreduce(gpu, gpu, "bad.gpu"), "supports CPU tensors only");
   // The process keeps working.
-  ASSERT_TRUE(Allreduce(View(f.data(), {4}), View(f.data(), {4}), "bad.after", {ReduceOp::kSum}).ok());
+  ASSERT_TRUE(
+      Allreduce(View(f.data(), {4}), View(f.data(), {4}), "bad.after", {ReduceOp::kSum}).ok());
   EXPECT_EQ(f[0], static_cast<float>(N()));
 }
 

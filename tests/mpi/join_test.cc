@@ -55,9 +55,9 @@ TEST(Join, OtherOperationsFailWhileARankHasJoined) {
             "use sparse_as_dense=True");
   Status b = Broadcast(View(x.data(), {2}), View(x.data(), {2}), 1, "bcast.while.joined");
   EXPECT_NE(b.message().find("not supported while rank 0 has called Join"), std::string::npos);
-  ASSERT_TRUE(Allreduce(View(x.data(), {2}), View(x.data(), {2}), "ok.while.joined",
-                        {ReduceOp::kSum})
-                  .ok());
+  ASSERT_TRUE(
+      Allreduce(View(x.data(), {2}), View(x.data(), {2}), "ok.while.joined", {ReduceOp::kSum})
+          .ok());
   EXPECT_EQ(x[0], static_cast<float>(N() - 1));
   Result<int> last = Join();
   ASSERT_TRUE(last.ok());

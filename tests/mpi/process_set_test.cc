@@ -94,8 +94,9 @@ TEST(ProcessSets, ATensorWaitingInOneSetHoldsUpNoOtherSet) {
                     .ok());
     EXPECT_EQ(v, static_cast<float>(even ? Evens().size() : Odds().size()));
     float g = 1;
-    ASSERT_TRUE(Allreduce(View(&g, {}), View(&g, {}), "global." + std::to_string(k),
-                          {ReduceOp::kSum}).ok());
+    ASSERT_TRUE(
+        Allreduce(View(&g, {}), View(&g, {}), "global." + std::to_string(k), {ReduceOp::kSum})
+            .ok());
     EXPECT_EQ(g, static_cast<float>(N()));
   }
   if (R() == 0) {
@@ -119,7 +120,8 @@ TEST(ProcessSets, MembershipAndUnknownSetErrors) {
   Result<int32_t> first = AddProcessSet({0});
   ASSERT_TRUE(first.ok());
   std::vector<float> x(2, 1.0f);
-  auto h = EnqueueAllreduce(View(x.data(), {2}), View(x.data(), {2}), "m", {ReduceOp::kSum, 1, 1, *first});
+  auto h = EnqueueAllreduce(View(x.data(), {2}), View(x.data(), {2}), "m",
+                            {ReduceOp::kSum, 1, 1, *first});
   if (R() == 0) {
     ASSERT_TRUE(h.ok());
     ASSERT_TRUE(Wait(*h).ok());

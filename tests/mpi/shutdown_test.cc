@@ -21,12 +21,12 @@ TEST(Shutdown, OneRankStopsEveryRankAndPendingHandlesFailOnce) {
   std::vector<float> x(4, 1.0f);
   std::atomic<int> callbacks{0};
   Status from_callback;
-  auto h = EnqueueAllreduce(View(x.data(), {4}), View(x.data(), {4}),
-                            "pending." + std::to_string(rank), {ReduceOp::kSum},
-                            [&](const Status& s) {
-                              from_callback = s;
-                              ++callbacks;
-                            });
+  auto h =
+      EnqueueAllreduce(View(x.data(), {4}), View(x.data(), {4}), "pending." + std::to_string(rank),
+                       {ReduceOp::kSum}, [&](const Status& s) {
+                         from_callback = s;
+                         ++callbacks;
+                       });
   ASSERT_TRUE(h.ok());
   MPI_Barrier(MPI_COMM_WORLD);  // every rank has its pending op before anyone shuts down
   if (rank == 0) {
@@ -58,9 +58,8 @@ TEST(Shutdown, OneRankStopsEveryRankAndPendingHandlesFailOnce) {
   ASSERT_TRUE(Init().ok());
   EXPECT_EQ(*Size(), size);
   std::vector<int64_t> y(3, rank + 1);
-  ASSERT_TRUE(Allreduce(View(y.data(), {3}), View(y.data(), {3}), "after.reinit",
-                        {ReduceOp::kSum})
-                  .ok());
+  ASSERT_TRUE(
+      Allreduce(View(y.data(), {3}), View(y.data(), {3}), "after.reinit", {ReduceOp::kSum}).ok());
   EXPECT_EQ(y[2], size * (size + 1) / 2);
 }
 
@@ -72,7 +71,7 @@ TEST(Shutdown, EveryRankAtOnceWithManyPendingOps) {
   for (int i = 0; i < 50; ++i) {
     // Half the names are shared (these may complete), half are unique to this rank (never).
     const std::string name = i % 2 ? "lonely." + std::to_string(rank) + "." + std::to_string(i)
-                                    : "shared." + std::to_string(i);
+                                   : "shared." + std::to_string(i);
     auto h = EnqueueAllreduce(View(bufs[i].data(), {8}), View(bufs[i].data(), {8}), name,
                               {ReduceOp::kSum}, [&](const Status&) { ++callbacks; });
     ASSERT_TRUE(h.ok());

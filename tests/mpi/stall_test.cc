@@ -23,9 +23,8 @@ TEST(Stall, ALateRankIsReportedAndTheJobGoesOn) {
   for (int round = 0; round < 2; ++round) {
     if (R() == N() - 1) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
     std::vector<float> x(4, 1.0f);
-    ASSERT_TRUE(Allreduce(View(x.data(), {4}), View(x.data(), {4}), "stall.late",
-                          {ReduceOp::kSum})
-                    .ok());
+    ASSERT_TRUE(
+        Allreduce(View(x.data(), {4}), View(x.data(), {4}), "stall.late", {ReduceOp::kSum}).ok());
     EXPECT_EQ(x[0], static_cast<float>(N()));
   }
 }

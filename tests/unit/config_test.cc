@@ -1,11 +1,11 @@
 // horovod_cpp — Apache-2.0
+#include "common/config.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <map>
 #include <sstream>
-
-#include "common/config.h"
 
 namespace hvd {
 namespace {
@@ -97,8 +97,8 @@ TEST(Config, MalformedValuesFailNamingVariableAndValue) {
 }
 
 TEST(Config, ShutdownShorterThanCheckIsIgnoredWithAWarning) {
-  Result<Config> c = Parse({{"HOROVOD_STALL_CHECK_TIME_SECONDS", "30"},
-                            {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "10"}});
+  Result<Config> c = Parse(
+      {{"HOROVOD_STALL_CHECK_TIME_SECONDS", "30"}, {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "10"}});
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->stall_shutdown_time_seconds, 0.0);
   ASSERT_EQ(c->warnings.size(), 1u);
@@ -110,12 +110,15 @@ TEST(Config, KnobTableDescribesEveryKnobOnce) {
   std::vector<KnobSpec> table = KnobTable();
   std::vector<std::string> names;
   for (const KnobSpec& k : table) names.push_back(k.name);
-  const std::vector<std::string> expected = {
-      "HOROVOD_FUSION_THRESHOLD",         "HOROVOD_CYCLE_TIME",
-      "HOROVOD_CACHE_CAPACITY",           "HOROVOD_LOG_LEVEL",
-      "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
-      "HOROVOD_TIMELINE",                 "HOROVOD_TIMELINE_MARK_CYCLES",
-      "HOROVOD_DYNAMIC_PROCESS_SETS"};
+  const std::vector<std::string> expected = {"HOROVOD_FUSION_THRESHOLD",
+                                             "HOROVOD_CYCLE_TIME",
+                                             "HOROVOD_CACHE_CAPACITY",
+                                             "HOROVOD_LOG_LEVEL",
+                                             "HOROVOD_STALL_CHECK_TIME_SECONDS",
+                                             "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+                                             "HOROVOD_TIMELINE",
+                                             "HOROVOD_TIMELINE_MARK_CYCLES",
+                                             "HOROVOD_DYNAMIC_PROCESS_SETS"};
   EXPECT_EQ(names, expected);
   const std::string text = DescribeKnobs();
   for (const std::string& n : expected) EXPECT_NE(text.find(n), std::string::npos) << n;

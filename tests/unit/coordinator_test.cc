@@ -1,8 +1,8 @@
 // horovod_cpp — Apache-2.0
 // The coordinator with N simulated ranks: readiness, ordering and every mismatch message.
-#include <gtest/gtest.h>
-
 #include "common/coordinator.h"
+
+#include <gtest/gtest.h>
 
 namespace hvd {
 namespace {
@@ -94,15 +94,17 @@ void ExpectError(const std::vector<Request>& by_rank, const std::string& message
 }
 
 TEST(Coordinator, ShapeMismatchNamesTensorAndEveryRanksShape) {
-  ExpectError({Allreduce("grad.fc1.weight", 0, {128, 64}), Allreduce("grad.fc1.weight", 1, {128, 64}),
-               Allreduce("grad.fc1.weight", 2, {128, 32}), Allreduce("grad.fc1.weight", 3, {128, 64})},
-              "allreduce 'grad.fc1.weight': mismatched shapes: ranks 0, 1, 3 sent [128, 64]; "
-              "rank 2 sent [128, 32]");
+  ExpectError(
+      {Allreduce("grad.fc1.weight", 0, {128, 64}), Allreduce("grad.fc1.weight", 1, {128, 64}),
+       Allreduce("grad.fc1.weight", 2, {128, 32}), Allreduce("grad.fc1.weight", 3, {128, 64})},
+      "allreduce 'grad.fc1.weight': mismatched shapes: ranks 0, 1, 3 sent [128, 64]; "
+      "rank 2 sent [128, 32]");
 }
 
 TEST(Coordinator, DtypeMismatch) {
-  ExpectError({Allreduce("t", 0, {4}, DataType::kFloat32), Allreduce("t", 1, {4}, DataType::kFloat16)},
-              "allreduce 't': mismatched data types: rank 0 sent float32; rank 1 sent float16");
+  ExpectError(
+      {Allreduce("t", 0, {4}, DataType::kFloat32), Allreduce("t", 1, {4}, DataType::kFloat16)},
+      "allreduce 't': mismatched data types: rank 0 sent float32; rank 1 sent float16");
 }
 
 TEST(Coordinator, OperationMismatch) {
@@ -294,8 +296,9 @@ TEST(CoordinatorOps, AlltoallCarriesTheSplitMatrix) {
 }
 
 TEST(CoordinatorOps, ReducescatterNeedsTheSameShapeAndOp) {
-  ExpectError({Op(OpType::kReducescatter, "r", 0, {4, 2}), Op(OpType::kReducescatter, "r", 1, {5, 2})},
-              "reducescatter 'r': mismatched shapes: rank 0 sent [4, 2]; rank 1 sent [5, 2]");
+  ExpectError(
+      {Op(OpType::kReducescatter, "r", 0, {4, 2}), Op(OpType::kReducescatter, "r", 1, {5, 2})},
+      "reducescatter 'r': mismatched shapes: rank 0 sent [4, 2]; rank 1 sent [5, 2]");
   Request avg = Op(OpType::kReducescatter, "r", 1, {4, 2});
   avg.reduce_op = ReduceOp::kAverage;
   ExpectError({Op(OpType::kReducescatter, "r", 0, {4, 2}), avg},
@@ -306,8 +309,9 @@ TEST(CoordinatorOps, GroupMismatchIsAnError) {
   Request a = Allreduce("m", 0), b = Allreduce("m", 1);
   a.group_name = "g";
   a.group_size = 2;
-  ExpectError({a, b}, "allreduce 'm': mismatched groups: rank 0 sent group 'g' of 2; rank 1 sent "
-                      "no group");
+  ExpectError({a, b},
+              "allreduce 'm': mismatched groups: rank 0 sent group 'g' of 2; rank 1 sent "
+              "no group");
 }
 
 TEST(CoordinatorOps, ProcessSetAdditionNeedsTheSameRanks) {
@@ -318,8 +322,9 @@ TEST(CoordinatorOps, ProcessSetAdditionNeedsTheSameRanks) {
   EXPECT_EQ(ok.type, OpType::kProcessSetAdd);
   EXPECT_EQ(ok.rank_sizes, (std::vector<int64_t>{0, 2}));
   b.splits = {1, 2};
-  ExpectError({a, b}, "add_process_set '__hvd.process_set.add.0': mismatched process set ranks: "
-                      "rank 0 sent [0, 2]; rank 1 sent [1, 2]");
+  ExpectError({a, b},
+              "add_process_set '__hvd.process_set.add.0': mismatched process set ranks: "
+              "rank 0 sent [0, 2]; rank 1 sent [1, 2]");
 }
 
 TEST(CoordinatorSets, ATensorOfASubsetIsReadyWhenItsMembersAsked) {
@@ -344,7 +349,8 @@ TEST(CoordinatorSets, CrossedProcessSetsAreAnErrorForBoth) {
   ASSERT_EQ(ready.size(), 2u);
   for (const Response& r : ready) {
     EXPECT_EQ(r.type, OpType::kError);
-    EXPECT_EQ(r.error_message, "allreduce 'x': mismatched process sets: rank 0 sent 1; rank 1 sent 0");
+    EXPECT_EQ(r.error_message,
+              "allreduce 'x': mismatched process sets: rank 0 sent 1; rank 1 sent 0");
   }
   EXPECT_EQ(c.pending_count(), 0u);
 }

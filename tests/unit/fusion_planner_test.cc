@@ -1,7 +1,7 @@
 // horovod_cpp — Apache-2.0
-#include <gtest/gtest.h>
-
 #include "common/fusion_planner.h"
+
+#include <gtest/gtest.h>
 
 namespace hvd {
 namespace {
@@ -109,7 +109,8 @@ TEST(FusionPlanner, AllgathersFuseAndCountEveryRanksRows) {
 }
 
 TEST(FusionPlanner, ReducescattersFuseByOpAlltoallsNever) {
-  Response r1 = Ar("r1", 4), r2 = Ar("r2", 4), r3 = Ar("r3", 4, DataType::kFloat32, ReduceOp::kAverage);
+  Response r1 = Ar("r1", 4), r2 = Ar("r2", 4),
+           r3 = Ar("r3", 4, DataType::kFloat32, ReduceOp::kAverage);
   r1.type = r2.type = r3.type = OpType::kReducescatter;
   Response t1 = Ag("t1", 1, {1, 1, 1, 1}), t2 = Ag("t2", 1, {1, 1, 1, 1});
   t1.type = t2.type = OpType::kAlltoall;

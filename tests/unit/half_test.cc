@@ -1,13 +1,13 @@
 // horovod_cpp — Apache-2.0
 // float16/bfloat16 conversions against independent references: GCC's _Float16 for float16,
 // and a nearest-value search in double precision for bfloat16.
+#include "ops/half.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <random>
-
-#include "ops/half.h"
 
 namespace hvd {
 namespace ops {
@@ -70,8 +70,8 @@ TEST(Half, FloatToHalfRoundsToNearestEvenLikeTheCompiler) {
     samples.push_back(std::nextafter(mid, 1e30f));
   }
   for (int i = 0; i < 1000000; ++i) samples.push_back(FromBits(static_cast<uint32_t>(rng())));
-  for (float f : {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 1e-8f, 2.98e-8f, 5.96e-8f,
-                  6.1e-5f, INFINITY, -INFINITY}) {
+  for (float f : {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 1e-8f, 2.98e-8f, 5.96e-8f, 6.1e-5f,
+                  INFINITY, -INFINITY}) {
     samples.push_back(f);
   }
   for (float f : samples) {
@@ -104,7 +104,7 @@ TEST(BFloat16, RoundsToNearestEven) {
   std::mt19937 rng(11);
   for (int i = 0; i < 1000000; ++i) {
     uint32_t x = static_cast<uint32_t>(rng());
-    if ((x & 0x7F800000u) == 0x7F800000u) continue;  // inf/NaN checked below
+    if ((x & 0x7F800000u) == 0x7F800000u) continue;   // inf/NaN checked below
     if (i % 4 == 0) x = (x & 0xFFFF0000u) | 0x8000u;  // exact ties
     const float f = FromBits(x);
     ASSERT_EQ(FloatToBFloat16(f), RefFloatToBFloat16(f)) << std::hex << x;

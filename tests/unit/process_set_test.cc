@@ -1,7 +1,7 @@
 // horovod_cpp — Apache-2.0
-#include <gtest/gtest.h>
-
 #include "common/process_set.h"
+
+#include <gtest/gtest.h>
 
 namespace hvd {
 namespace {

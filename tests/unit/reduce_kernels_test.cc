@@ -1,11 +1,12 @@
 // horovod_cpp — Apache-2.0
+#include "ops/reduce_kernels.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
 #include "ops/half.h"
-#include "ops/reduce_kernels.h"
 
 namespace hvd {
 namespace ops {
@@ -33,10 +34,20 @@ void Check16BitReduction(DataType dtype, double unit_roundoff) {
       for (int r = 1; r < ranks; ++r) {
         const double v = ToF(bufs[r][i]);
         switch (op) {
-          case ReduceOp::kSum: exact += v; magnitude += std::fabs(v); break;
-          case ReduceOp::kMin: exact = std::min(exact, v); break;
-          case ReduceOp::kMax: exact = std::max(exact, v); break;
-          default: exact *= v; magnitude = std::fabs(exact); break;
+          case ReduceOp::kSum:
+            exact += v;
+            magnitude += std::fabs(v);
+            break;
+          case ReduceOp::kMin:
+            exact = std::min(exact, v);
+            break;
+          case ReduceOp::kMax:
+            exact = std::max(exact, v);
+            break;
+          default:
+            exact *= v;
+            magnitude = std::fabs(exact);
+            break;
         }
       }
       const double got = ToF(acc[i]);

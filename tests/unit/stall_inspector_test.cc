@@ -1,8 +1,8 @@
 // horovod_cpp — Apache-2.0
 // The stall inspector with a fake clock.
-#include <gtest/gtest.h>
-
 #include "common/stall_inspector.h"
+
+#include <gtest/gtest.h>
 
 namespace hvd {
 namespace {

@@ -1,8 +1,9 @@
 // horovod_cpp — Apache-2.0
+#include "common/status.h"
+
 #include <gtest/gtest.h>
 
 #include "common/horovod.h"
-#include "common/status.h"
 
 namespace hvd {
 namespace {

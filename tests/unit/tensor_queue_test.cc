@@ -1,11 +1,12 @@
 // horovod_cpp — Apache-2.0
+#include "common/tensor_queue.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <thread>
 
 #include "common/handle_table.h"
-#include "common/tensor_queue.h"
 
 namespace hvd {
 namespace {
@@ -94,7 +95,7 @@ TEST(TensorQueue, FailProcessSetCompletesItsEntriesAndRejectsLaterAdds) {
   EXPECT_EQ(popped, 1u);
   EXPECT_EQ(calls.load(), 2);
   EXPECT_EQ(last, Status::Aborted("set 3 removed"));
-  EXPECT_EQ(q.size(), 1u);              // "other" stays
+  EXPECT_EQ(q.size(), 1u);                  // "other" stays
   EXPECT_TRUE(q.PopNewRequests().empty());  // "unpopped" will never reach the loop
   Status again = q.Add(One(Entry("late", 3)));
   EXPECT_EQ(again.code(), StatusCode::kInvalidArgument);

@@ -1,10 +1,11 @@
 // horovod_cpp — Apache-2.0
+#include "common/wire.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
 
 #include "common/message.h"
-#include "common/wire.h"
 
 namespace hvd {
 namespace {
@@ -106,8 +107,9 @@ TEST(Wire, WrongKindVersionAndMagicAreNamed) {
 
   std::vector<uint8_t> v2 = bytes;
   v2[4] = 2;  // version
-  EXPECT_NE(ParseRequestList(v2.data(), v2.size()).status().message().find("unsupported wire version 2"),
-            std::string::npos);
+  EXPECT_NE(
+      ParseRequestList(v2.data(), v2.size()).status().message().find("unsupported wire version 2"),
+      std::string::npos);
 
   std::vector<uint8_t> magic = bytes;
   magic[0] = 'X';
