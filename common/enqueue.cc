@@ -174,6 +174,12 @@ Result<Handle> Submit(std::vector<TensorTableEntry> entries, StatusCallback call
   return handle;
 }
 
+Result<Handle> SubmitOne(TensorTableEntry entry, StatusCallback callback) {
+  std::vector<TensorTableEntry> entries;
+  entries.push_back(std::move(entry));
+  return Submit(std::move(entries), std::move(callback));
+}
+
 // Member names of a grouped op: "<name>_<i>of<n>".
 std::string MemberName(const std::string& base, size_t i, size_t n) {
   return base + "_" + std::to_string(i) + "of" + std::to_string(n);
@@ -246,12 +252,23 @@ Result<TensorTableEntry> ReducescatterEntry(const TensorView& input, const Tenso
   return e;
 }
 
-// Marks `entries` as one group named `base`.
-void MakeGroup(std::vector<TensorTableEntry>& entries, const std::string& base) {
-  for (TensorTableEntry& e : entries) {
-    e.request.group_name = base;
-    e.request.group_size = static_cast<int32_t>(entries.size());
+// Builds `count` members with make(i, member name) and submits them as one group named `base`
+// under one handle. `what` names the op in errors.
+template <typename MakeMember>
+Result<Handle> SubmitGroup(const std::string& what, const std::string& base, size_t count,
+                           bool outputs_match, MakeMember make, StatusCallback callback) {
+  if (count == 0 || !outputs_match) {
+    return Status::InvalidArgument("grouped " + what + " '" + base +
+                                   "': needs one or more inputs (and as many outputs)");
   }
+  std::vector<TensorTableEntry> entries;
+  for (size_t i = 0; i < count; ++i) {
+    HVD_ASSIGN_OR_RETURN(TensorTableEntry e, make(i, MemberName(base, i, count)));
+    e.request.group_name = base;
+    e.request.group_size = static_cast<int32_t>(count);
+    entries.push_back(std::move(e));
+  }
+  return Submit(std::move(entries), std::move(callback));
 }
 
 // A collective of the runtime itself (barrier, join, process-set change), negotiated like a
@@ -261,9 +278,7 @@ Result<Handle> SubmitControl(OpType type, const std::string& name, int32_t proce
   TensorTableEntry e = NewEntry(type, name, process_set_id, TensorView{}, TensorView{});
   e.request.shape.clear();
   e.request.splits = std::move(args);
-  std::vector<TensorTableEntry> entries;
-  entries.push_back(std::move(e));
-  return Submit(std::move(entries), std::move(callback));
+  return SubmitOne(std::move(e), std::move(callback));
 }
 
 }  // namespace
@@ -275,9 +290,7 @@ Result<Handle> EnqueueAllreduce(const TensorView& input, const TensorView& outpu
   HVD_ASSIGN_OR_RETURN(
       TensorTableEntry e,
       AllreduceEntry(input, output, NameOrDefault(name, OpType::kAllreduce), options));
-  std::vector<TensorTableEntry> entries;
-  entries.push_back(std::move(e));
-  return Submit(std::move(entries), std::move(callback));
+  return SubmitOne(std::move(e), std::move(callback));
 }
 
 Result<Handle> EnqueueBroadcast(const TensorView& input, const TensorView& output, int root_rank,
@@ -304,9 +317,7 @@ Result<Handle> EnqueueBroadcast(const TensorView& input, const TensorView& outpu
   HVD_RETURN_IF_ERROR(CheckSameShapeOutput(what, input, output));
   TensorTableEntry e = NewEntry(OpType::kBroadcast, tensor_name, process_set_id, input, output);
   e.request.root_rank = root_rank;
-  std::vector<TensorTableEntry> entries;
-  entries.push_back(std::move(e));
-  return Submit(std::move(entries), std::move(callback));
+  return SubmitOne(std::move(e), std::move(callback));
 }
 
 Result<Handle> EnqueueAllgather(const TensorView& input, const std::string& name,
@@ -315,9 +326,7 @@ Result<Handle> EnqueueAllgather(const TensorView& input, const std::string& name
   HVD_ASSIGN_OR_RETURN(
       TensorTableEntry e,
       AllgatherEntry(input, NameOrDefault(name, OpType::kAllgather), process_set_id));
-  std::vector<TensorTableEntry> entries;
-  entries.push_back(std::move(e));
-  return Submit(std::move(entries), std::move(callback));
+  return SubmitOne(std::move(e), std::move(callback));
 }
 
 Result<Handle> EnqueueAlltoall(const TensorView& input, const std::vector<int64_t>& splits,
@@ -361,9 +370,7 @@ Result<Handle> EnqueueAlltoall(const TensorView& input, const std::vector<int64_
   TensorTableEntry e =
       NewEntry(OpType::kAlltoall, tensor_name, process_set_id, input, TensorView{});
   e.request.splits = std::move(parts);
-  std::vector<TensorTableEntry> entries;
-  entries.push_back(std::move(e));
-  return Submit(std::move(entries), std::move(callback));
+  return SubmitOne(std::move(e), std::move(callback));
 }
 
 Result<Handle> EnqueueReducescatter(const TensorView& input, const TensorView& output,
@@ -373,9 +380,7 @@ Result<Handle> EnqueueReducescatter(const TensorView& input, const TensorView& o
   HVD_ASSIGN_OR_RETURN(
       TensorTableEntry e,
       ReducescatterEntry(input, output, NameOrDefault(name, OpType::kReducescatter), options));
-  std::vector<TensorTableEntry> entries;
-  entries.push_back(std::move(e));
-  return Submit(std::move(entries), std::move(callback));
+  return SubmitOne(std::move(e), std::move(callback));
 }
 
 Result<TensorShape> ReducescatterShape(const TensorShape& input_shape, int32_t process_set_id) {
@@ -394,40 +399,25 @@ Result<Handle> EnqueueGroupedAllreduce(const std::vector<TensorView>& inputs,
                                        const std::string& name, const AllreduceOptions& options,
                                        StatusCallback callback) {
   HVD_RETURN_IF_ERROR(CheckRunning());
-  const std::string base = NameOrDefault(name, OpType::kAllreduce);
-  if (inputs.empty() || inputs.size() != outputs.size()) {
-    return Status::InvalidArgument("grouped allreduce '" + base +
-                                   "': needs one or more inputs "
-                                   "and as many outputs");
-  }
-  std::vector<TensorTableEntry> entries;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    HVD_ASSIGN_OR_RETURN(
-        TensorTableEntry e,
-        AllreduceEntry(inputs[i], outputs[i], MemberName(base, i, inputs.size()), options));
-    entries.push_back(std::move(e));
-  }
-  MakeGroup(entries, base);
-  return Submit(std::move(entries), std::move(callback));
+  return SubmitGroup(
+      "allreduce", NameOrDefault(name, OpType::kAllreduce), inputs.size(),
+      inputs.size() == outputs.size(),
+      [&](size_t i, const std::string& member) {
+        return AllreduceEntry(inputs[i], outputs[i], member, options);
+      },
+      std::move(callback));
 }
 
 Result<Handle> EnqueueGroupedAllgather(const std::vector<TensorView>& inputs,
                                        const std::string& name, int32_t process_set_id,
                                        StatusCallback callback) {
   HVD_RETURN_IF_ERROR(CheckRunning());
-  const std::string base = NameOrDefault(name, OpType::kAllgather);
-  if (inputs.empty()) {
-    return Status::InvalidArgument("grouped allgather '" + base + "': needs one or more inputs");
-  }
-  std::vector<TensorTableEntry> entries;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    HVD_ASSIGN_OR_RETURN(
-        TensorTableEntry e,
-        AllgatherEntry(inputs[i], MemberName(base, i, inputs.size()), process_set_id));
-    entries.push_back(std::move(e));
-  }
-  MakeGroup(entries, base);
-  return Submit(std::move(entries), std::move(callback));
+  return SubmitGroup(
+      "allgather", NameOrDefault(name, OpType::kAllgather), inputs.size(), true,
+      [&](size_t i, const std::string& member) {
+        return AllgatherEntry(inputs[i], member, process_set_id);
+      },
+      std::move(callback));
 }
 
 Result<Handle> EnqueueGroupedReducescatter(const std::vector<TensorView>& inputs,
@@ -435,21 +425,13 @@ Result<Handle> EnqueueGroupedReducescatter(const std::vector<TensorView>& inputs
                                            const std::string& name, const AllreduceOptions& options,
                                            StatusCallback callback) {
   HVD_RETURN_IF_ERROR(CheckRunning());
-  const std::string base = NameOrDefault(name, OpType::kReducescatter);
-  if (inputs.empty() || inputs.size() != outputs.size()) {
-    return Status::InvalidArgument("grouped reducescatter '" + base +
-                                   "': needs one or more "
-                                   "inputs and as many outputs");
-  }
-  std::vector<TensorTableEntry> entries;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    HVD_ASSIGN_OR_RETURN(
-        TensorTableEntry e,
-        ReducescatterEntry(inputs[i], outputs[i], MemberName(base, i, inputs.size()), options));
-    entries.push_back(std::move(e));
-  }
-  MakeGroup(entries, base);
-  return Submit(std::move(entries), std::move(callback));
+  return SubmitGroup(
+      "reducescatter", NameOrDefault(name, OpType::kReducescatter), inputs.size(),
+      inputs.size() == outputs.size(),
+      [&](size_t i, const std::string& member) {
+        return ReducescatterEntry(inputs[i], outputs[i], member, options);
+      },
+      std::move(callback));
 }
 
 Result<Handle> EnqueueJoin(StatusCallback callback) {
