@@ -49,6 +49,23 @@ void BackgroundLoop::Stop() {
   queue_->RequestShutdown();
   thread_.join();
   backend_.reset();
+  timeline_.reset();
+}
+
+Status BackgroundLoop::StartTimeline(const std::string& path, bool mark_cycles) {
+  if (!timeline_) return Status::OK();  // only global rank 0 records
+  std::string error;
+  if (!timeline_->Start(path, mark_cycles, &error)) return Status::InvalidArgument(error);
+  return Status::OK();
+}
+
+void BackgroundLoop::StopTimeline() {
+  if (!timeline_) return;
+  const uint64_t dropped = timeline_->Stop();
+  if (dropped > 0) {
+    HVD_LOG(WARNING) << "timeline: " << dropped
+                     << " events were dropped because the writer could not keep up";
+  }
 }
 
 bool BackgroundLoop::running() const {
@@ -75,6 +92,16 @@ void BackgroundLoop::ThreadMain() {
     status = SyncConfig();
   }
   if (status.ok()) status = CreateStaticProcessSets();
+  if (status.ok() && topology_.rank == 0) {
+    timeline_ = std::make_unique<timeline::Timeline>();
+    if (!config_.timeline_path.empty() && config_.timeline_path != "DYNAMIC") {
+      Status started = StartTimeline(config_.timeline_path, config_.timeline_mark_cycles);
+      if (!started.ok()) {
+        HVD_LOG(WARNING) << "HOROVOD_TIMELINE: " << started.message()
+                         << "; continuing without a timeline";
+      }
+    }
+  }
   if (!status.ok()) backend_->Finalize().IgnoreError();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -156,8 +183,8 @@ Status BackgroundLoop::CreateStaticProcessSets() {
 }
 
 Status BackgroundLoop::Loop() {
-  Controller controller(backend_.get(), config_, sets_, counters_);
-  OpExecutor executor(backend_.get(), sets_, counters_);
+  Controller controller(backend_.get(), config_, sets_, counters_, timeline_.get());
+  OpExecutor executor(backend_.get(), sets_, counters_, timeline_.get());
   const auto cycle_time = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
   size_t outstanding = 0;
@@ -175,9 +202,23 @@ Status BackgroundLoop::Loop() {
     if (!outcome.ok()) return outcome.status();
     idle = outcome->idle;
 
-    for (const Response& group :
-         FuseResponses(outcome->responses, config_.fusion_threshold_bytes)) {
-      Result<size_t> done = Execute(group, executor);
+    const std::vector<Response> groups =
+        FuseResponses(outcome->responses, config_.fusion_threshold_bytes);
+    // Timeline: each group's <OP> span opens now, with a QUEUE span until its turn comes.
+    const bool recording = timeline_ && timeline_->enabled();
+    std::vector<std::vector<int32_t>> rows(recording ? groups.size() : 0);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (!Runs(groups[i])) continue;
+      for (const std::string& name : groups[i].tensor_names) {
+        rows[i].push_back(timeline_->Row(TimelineRow(TensorKey{groups[i].process_set_id, name})));
+      }
+      timeline_->Begin(rows[i], OpTypeName(groups[i].type));
+      timeline_->Begin(rows[i], "QUEUE");
+    }
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const std::vector<int32_t>* group_rows = recording && !rows[i].empty() ? &rows[i] : nullptr;
+      if (group_rows) timeline_->End(*group_rows);                     // QUEUE
+      Result<size_t> done = Execute(groups[i], executor, group_rows);  // closes <OP>
       if (!done.ok()) return done.status();
       outstanding -= *done;
     }
@@ -189,14 +230,19 @@ Status BackgroundLoop::Loop() {
   }
 }
 
-Result<size_t> BackgroundLoop::Execute(const Response& group, OpExecutor& executor) {
+bool BackgroundLoop::Runs(const Response& group) const {
+  if (group.type == OpType::kProcessSetAdd || group.type == OpType::kProcessSetRemove) return true;
+  Result<ProcessSetInfo> set = sets_->Get(group.process_set_id);
+  // A removed set's entries were failed at removal; another set's operation is run by its
+  // members (error responses are delivered to whoever has the tensor).
+  return set.ok() && (set->included || group.type == OpType::kError);
+}
+
+Result<size_t> BackgroundLoop::Execute(const Response& group, OpExecutor& executor,
+                                       const std::vector<int32_t>* rows) {
   const bool changes_sets =
       group.type == OpType::kProcessSetAdd || group.type == OpType::kProcessSetRemove;
-  if (!changes_sets && !sets_->Get(group.process_set_id).ok()) return size_t{0};  // removed
-  if (!changes_sets && group.type != OpType::kError &&
-      !sets_->Get(group.process_set_id)->included) {
-    return size_t{0};  // another set's operation: its members run it
-  }
+  if (!Runs(group)) return size_t{0};
   std::vector<std::optional<TensorTableEntry>> taken =
       queue_->Take(group.process_set_id, group.tensor_names);
   std::vector<TensorTableEntry> entries;
@@ -215,20 +261,22 @@ Result<size_t> BackgroundLoop::Execute(const Response& group, OpExecutor& execut
                               " '" + group.tensor_names[i] + "'");
     }
   }
-  if (group.type == OpType::kError && entries.empty()) return size_t{0};
-
   Status status;
   size_t failed_elsewhere = 0;
   if (changes_sets) {
     status =
         ChangeProcessSets(group, entries.empty() ? nullptr : &entries.front(), &failed_elsewhere);
+  } else if (!entries.empty()) {
+    status = executor.Execute(group, entries, rows);
   } else {
-    status = executor.Execute(group, entries);
+    status = Status::FailedPrecondition(group.error_message);  // an error for other ranks only
   }
   if (group.type == OpType::kJoin) {
     for (TensorTableEntry& e : entries) e.result->value = group.last_joined_rank;
   }
-  // Count before completing, so a caller returning from Wait sees its tensor counted.
+  // Close the timeline span and count before completing: a caller returning from Wait must
+  // find its operation recorded and counted.
+  if (rows) timeline_->End(*rows);  // <OP>
   counters_->tensors_completed.fetch_add(mine, std::memory_order_relaxed);
   for (TensorTableEntry& e : entries) {
     if (e.callback) e.callback(status);
@@ -280,6 +328,7 @@ void BackgroundLoop::Finish(const Status& why) {
     end_reason_ = reason;
   }
   queue_->Close(pending);
+  StopTimeline();
 }
 
 }  // namespace hvd

@@ -37,6 +37,7 @@
 #include "common/tensor_queue.h"
 #include "common/thread_annotations.h"
 #include "ops/backend.h"
+#include "timeline/timeline.h"
 
 namespace hvd {
 
@@ -65,13 +66,21 @@ class BackgroundLoop {
   // Why the loop ended (empty while running).
   std::string end_reason() const;
 
+  // Timeline control (recorded on global rank 0; a no-op elsewhere). Callers serialise these
+  // with Start/Stop.
+  Status StartTimeline(const std::string& path, bool mark_cycles);
+  void StopTimeline();
+
  private:
   void ThreadMain();
   Status SyncConfig();
   Status CreateStaticProcessSets();
   Status Loop();
   // Runs one agreed group; returns how many of this rank's entries it completed.
-  Result<size_t> Execute(const Response& group, class OpExecutor& executor);
+  Result<size_t> Execute(const Response& group, class OpExecutor& executor,
+                         const std::vector<int32_t>* rows);
+  // Whether this rank takes part in `group` (member of its set, set still there).
+  bool Runs(const Response& group) const;
   Status ChangeProcessSets(const Response& group, TensorTableEntry* entry, size_t* failed);
   void Finish(const Status& why);
 
@@ -82,6 +91,7 @@ class BackgroundLoop {
   InitOptions options_;
   std::unique_ptr<ops::Backend> backend_;
   ops::Topology topology_;
+  std::unique_ptr<timeline::Timeline> timeline_;  // global rank 0 only
   std::thread thread_;
 
   mutable std::mutex mu_;

@@ -40,13 +40,14 @@ Request Placeholder(const Response& r) {
 }  // namespace
 
 Controller::Controller(ops::Backend* backend, const Config& config, const ProcessSetTable* sets,
-                       Counters* counters)
+                       Counters* counters, timeline::Timeline* timeline)
     : backend_(backend),
       sets_(sets),
       counters_(counters),
       cache_(static_cast<uint32_t>(config.cache_capacity)),
       stall_(config.stall_check_time_seconds, config.stall_shutdown_time_seconds),
-      rank_(backend->topology().rank) {
+      rank_(backend->topology().rank),
+      timeline_(timeline) {
   if (rank_ == 0) {
     coordinator_ = std::make_unique<Coordinator>([sets](int32_t id) { return sets->Ranks(id); });
   }
@@ -58,12 +59,15 @@ Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
   const Clock::time_point now = Clock::now();
   CycleOutcome outcome;
   if (coordinator_) InspectStalls(now);
+  const bool recording = Recording();
+  if (recording) timeline_->MarkCycleStart();
 
   // 1. Classify.
   std::vector<PendingHit> candidates = std::move(pending_hits_);
   pending_hits_.clear();
   for (Request& r : new_requests) {
     if (r.type == OpType::kJoin) joined_ = true;
+    if (recording) NegotiationSeen(r, rank_);
     candidates.push_back({std::move(r), now});
   }
   std::vector<Request> misses;
@@ -146,6 +150,7 @@ Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
     if (released(bit)) {
       outcome.responses.push_back(cache_.Touch(bit));
       counters_->cache_hits.fetch_add(1, std::memory_order_relaxed);
+      if (recording) NegotiationDone(outcome.responses.back());
     }
   }
 
@@ -154,6 +159,34 @@ Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
     HVD_RETURN_IF_ERROR(SlowPath(std::move(misses), shutdown_requested, any_joined, &outcome));
   }
   return outcome;
+}
+
+bool Controller::Recording() {
+  if (timeline_ == nullptr || !timeline_->enabled()) return false;
+  if (timeline_->session() != timeline_session_) {  // a new file: earlier spans are closed
+    negotiating_.clear();
+    timeline_session_ = timeline_->session();
+  }
+  return true;
+}
+
+void Controller::NegotiationSeen(const Request& request, int rank) {
+  const TensorKey key = request.key();
+  auto [it, fresh] = negotiating_.try_emplace(key, 0);
+  if (fresh) {
+    it->second = timeline_->Row(TimelineRow(key));
+    timeline_->Begin(it->second, NegotiateName(request.type));
+  }
+  timeline_->RankReady(it->second, rank);
+}
+
+void Controller::NegotiationDone(const Response& response) {
+  for (const std::string& name : response.tensor_names) {
+    auto it = negotiating_.find(TensorKey{response.process_set_id, name});
+    if (it == negotiating_.end()) continue;
+    timeline_->End(it->second);
+    negotiating_.erase(it);
+  }
 }
 
 void Controller::InspectStalls(Clock::time_point now) {
@@ -196,6 +229,9 @@ Status Controller::SlowPath(std::vector<Request> misses, bool shutdown_requested
             " sent an unreadable negotiation message: " + parsed.status().message());
       }
       coordinator_->AddRequests(static_cast<int>(rank), parsed->requests, now);
+      if (Recording() && rank != 0) {  // rank 0's own were recorded when it enqueued them
+        for (const Request& r : parsed->requests) NegotiationSeen(r, static_cast<int>(rank));
+      }
       if (parsed->shutdown) shutdown_ranks.push_back(static_cast<int>(rank));
     }
     list.responses = coordinator_->TakeReadyResponses();
@@ -214,6 +250,7 @@ Status Controller::SlowPath(std::vector<Request> misses, bool shutdown_requested
     return Status::Internal("unreadable response list from rank 0: " + list.status().message());
   }
   for (Response& resp : list->responses) {
+    if (Recording()) NegotiationDone(resp);
     Absorb(resp, any_joined);
     outcome->responses.push_back(std::move(resp));
   }

@@ -45,6 +45,7 @@
 #include "common/response_cache.h"
 #include "common/stall_inspector.h"
 #include "ops/backend.h"
+#include "timeline/timeline.h"
 
 namespace hvd {
 
@@ -63,8 +64,9 @@ class Controller {
  public:
   using Clock = std::chrono::steady_clock;
 
+  // `timeline` is null except on the rank that records one (global rank 0).
   Controller(ops::Backend* backend, const Config& config, const ProcessSetTable* sets,
-             Counters* counters);
+             Counters* counters, timeline::Timeline* timeline);
   Controller(const Controller&) = delete;
   Controller& operator=(const Controller&) = delete;
 
@@ -84,6 +86,11 @@ class Controller {
   // Cache bookkeeping for the agreed slow-path responses, in order (identical on all ranks).
   void Absorb(const Response& response, bool any_joined);
   void InspectStalls(Clock::time_point now);
+  // Timeline: a NEGOTIATE span per tensor from the first request seen to its release, with an
+  // instant for each rank's request (on the fast path, only this rank's is visible).
+  bool Recording();
+  void NegotiationSeen(const Request& request, int rank);
+  void NegotiationDone(const Response& response);
 
   ops::Backend* backend_;
   const ProcessSetTable* sets_;
@@ -98,6 +105,10 @@ class Controller {
   // This rank's requests sent to the coordinator and not yet answered.
   std::unordered_map<TensorKey, Request, TensorKeyHash> sent_;
   std::unique_ptr<Coordinator> coordinator_;  // global rank 0 only
+  timeline::Timeline* timeline_;
+  uint32_t timeline_session_ = 0;
+  // Tensors with a NEGOTIATE span open in the timeline -> their timeline row.
+  std::unordered_map<TensorKey, int32_t, TensorKeyHash> negotiating_;
   // Rank 0: the stall inspector asked for a shutdown; voted in the next cycle.
   bool stall_shutdown_ = false;
   std::string stall_reason_;

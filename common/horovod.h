@@ -242,6 +242,15 @@ Status Barrier(int32_t process_set_id = kGlobalProcessSetId);
 
 Result<Stats> GetStats();
 
+// ---- timeline -----------------------------------------------------------------------------
+
+// Starts recording a Chrome-tracing timeline into `path` (global rank 0 writes it; other ranks
+// return OK and record nothing). May be called any number of times; starting while recording
+// finishes the current file first. A file that cannot be created is INVALID_ARGUMENT.
+Status StartTimeline(const std::string& path, bool mark_cycles = false);
+// Finishes the file (valid JSON). A no-op when not recording.
+Status StopTimeline();
+
 // ---- build information (valid before Init) -------------------------------------------------
 
 // NCCL's version code (e.g. 22809) when this build has the NCCL backend, otherwise 0.

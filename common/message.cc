@@ -166,6 +166,11 @@ Status ExpectEnd(const wire::Reader& rd) {
 
 }  // namespace
 
+std::string TimelineRow(const TensorKey& key) {
+  if (key.process_set_id == kGlobalProcessSetId) return key.name;
+  return key.name + " (process set " + std::to_string(key.process_set_id) + ")";
+}
+
 bool Request::operator==(const Request& o) const {
   return request_rank == o.request_rank && type == o.type && dtype == o.dtype &&
          reduce_op == o.reduce_op && root_rank == o.root_rank && device == o.device &&

@@ -34,6 +34,9 @@ struct TensorKey {
     return process_set_id != o.process_set_id ? process_set_id < o.process_set_id : name < o.name;
   }
 };
+// The tensor's row in the timeline: its name, plus the process set when not the global one.
+std::string TimelineRow(const TensorKey& key);
+
 struct TensorKeyHash {
   size_t operator()(const TensorKey& k) const {
     return std::hash<std::string>()(k.name) * 31u + static_cast<size_t>(k.process_set_id);

@@ -39,8 +39,18 @@ void Copy(void* dst, const void* src, int64_t bytes) {
 
 void OpExecutor::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
-OpExecutor::OpExecutor(ops::Backend* backend, const ProcessSetTable* sets, Counters* counters)
-    : backend_(backend), sets_(sets), counters_(counters) {}
+OpExecutor::OpExecutor(ops::Backend* backend, const ProcessSetTable* sets, Counters* counters,
+                       timeline::Timeline* timeline)
+    : backend_(backend), sets_(sets), counters_(counters), timeline_(timeline) {}
+
+OpExecutor::Activity::Activity(const OpExecutor* ex, const char* activity)
+    : ex_(ex->rows_ != nullptr && ex->timeline_ != nullptr ? ex : nullptr) {
+  if (ex_) ex_->timeline_->Begin(*ex_->rows_, activity);
+}
+
+OpExecutor::Activity::~Activity() {
+  if (ex_) ex_->timeline_->End(*ex_->rows_);
+}
 
 uint8_t* OpExecutor::Buffer(int which, int64_t bytes) {
   if (bytes > buffer_bytes_[which]) {
@@ -65,7 +75,9 @@ Result<OpExecutor::Set> OpExecutor::SetOf(int32_t process_set_id) const {
   return Set{info.size, info.rank, std::move(info.ranks)};
 }
 
-Status OpExecutor::Execute(const Response& response, std::vector<TensorTableEntry>& entries) {
+Status OpExecutor::Execute(const Response& response, std::vector<TensorTableEntry>& entries,
+                           const std::vector<int32_t>* rows) {
+  rows_ = rows;
   if (response.type == OpType::kError) return Status::FailedPrecondition(response.error_message);
   if (response.type == OpType::kJoin) return Status::OK();
   HVD_ASSIGN_OR_RETURN(Set set, SetOf(response.process_set_id));
@@ -80,9 +92,11 @@ Status OpExecutor::Execute(const Response& response, std::vector<TensorTableEntr
       return ExecuteAlltoall(response, set, entries);
     case OpType::kReducescatter:
       return ExecuteReducescatter(response, set, entries);
-    case OpType::kBarrier:
+    case OpType::kBarrier: {
       counters_->barrier_calls.fetch_add(1, std::memory_order_relaxed);
+      auto scope = Collective(OpType::kBarrier);
       return backend_->Barrier(response.process_set_id);
+    }
     default:
       return Status::Internal(std::string("no executor for ") + OpTypeName(response.type));
   }
@@ -105,6 +119,7 @@ Status OpExecutor::ExecuteAllreduce(const Response& r, const Set& set,
     const int64_t n = r.tensor_sizes.front();
     if (n == 0) return Status::OK();
     counters_->allreduce_calls.fetch_add(1, std::memory_order_relaxed);
+    auto scope = Collective(OpType::kAllreduce);
     if (e.input.data == nullptr) {  // joined: contribute zeros, keep nothing
       uint8_t* zeros = Buffer(1, n * elem);
       std::memset(zeros, 0, static_cast<size_t>(n * elem));
@@ -126,21 +141,28 @@ Status OpExecutor::ExecuteAllreduce(const Response& r, const Set& set,
   const int64_t total = std::accumulate(r.tensor_sizes.begin(), r.tensor_sizes.end(), int64_t{0});
   if (total == 0) return Status::OK();
   uint8_t* buf = Buffer(0, total * elem);
-  int64_t offset = 0;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const int64_t bytes = r.tensor_sizes[i] * elem;
-    if (entries[i].input.data == nullptr) {
-      std::memset(buf + offset, 0, static_cast<size_t>(bytes));
-    } else {
-      Copy(buf + offset, entries[i].input.data, bytes);
+  {
+    auto scope = CopyIn();
+    int64_t offset = 0;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const int64_t bytes = r.tensor_sizes[i] * elem;
+      if (entries[i].input.data == nullptr) {
+        std::memset(buf + offset, 0, static_cast<size_t>(bytes));
+      } else {
+        Copy(buf + offset, entries[i].input.data, bytes);
+      }
+      offset += bytes;
     }
-    offset += bytes;
+    ops::ScaleBuffer(buf, total, dtype, r.prescale_factor);
   }
-  ops::ScaleBuffer(buf, total, dtype, r.prescale_factor);
   counters_->allreduce_calls.fetch_add(1, std::memory_order_relaxed);
-  HVD_RETURN_IF_ERROR(backend_->Allreduce(ps, nullptr, buf, total, dtype, op));
+  {
+    auto scope = Collective(OpType::kAllreduce);
+    HVD_RETURN_IF_ERROR(backend_->Allreduce(ps, nullptr, buf, total, dtype, op));
+  }
+  auto scope = CopyOut();
   FinishReduction(r, set, buf, total);
-  offset = 0;
+  int64_t offset = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     const int64_t bytes = r.tensor_sizes[i] * elem;
     if (entries[i].output.data != nullptr) Copy(entries[i].output.data, buf + offset, bytes);
@@ -162,6 +184,7 @@ Status OpExecutor::ExecuteBroadcast(const Response& r, const Set& set,
     if (bytes == 0) return Status::OK();
     if (is_root && e.input.data != e.output.data) Copy(e.output.data, e.input.data, bytes);
     counters_->broadcast_calls.fetch_add(1, std::memory_order_relaxed);
+    auto scope = Collective(OpType::kBroadcast);
     return backend_->Broadcast(r.process_set_id, e.output.data, bytes, root);
   }
 
@@ -170,6 +193,7 @@ Status OpExecutor::ExecuteBroadcast(const Response& r, const Set& set,
   if (total == 0) return Status::OK();
   uint8_t* buf = Buffer(0, total);
   if (is_root) {
+    auto scope = CopyIn();
     int64_t offset = 0;
     for (size_t i = 0; i < entries.size(); ++i) {
       Copy(buf + offset, entries[i].input.data, r.tensor_sizes[i] * elem);
@@ -177,7 +201,11 @@ Status OpExecutor::ExecuteBroadcast(const Response& r, const Set& set,
     }
   }
   counters_->broadcast_calls.fetch_add(1, std::memory_order_relaxed);
-  HVD_RETURN_IF_ERROR(backend_->Broadcast(r.process_set_id, buf, total, root));
+  {
+    auto scope = Collective(OpType::kBroadcast);
+    HVD_RETURN_IF_ERROR(backend_->Broadcast(r.process_set_id, buf, total, root));
+  }
+  auto scope = CopyOut();
   int64_t offset = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     Copy(entries[i].output.data, buf + offset, r.tensor_sizes[i] * elem);
@@ -212,6 +240,7 @@ Status OpExecutor::ExecuteAllgather(const Response& r, const Set& set,
     const int64_t row = r.tensor_sizes.front();
     std::vector<int64_t> counts(n);
     for (size_t q = 0; q < n; ++q) counts[q] = rows(0, q) * row;
+    auto scope = Collective(OpType::kAllgather);
     return backend_->Allgatherv(r.process_set_id, e.input.data, counts[set.rank],
                                 e.result->data.get(), counts, Displacements(counts), r.dtype);
   }
@@ -225,14 +254,21 @@ Status OpExecutor::ExecuteAllgather(const Response& r, const Set& set,
   const int64_t total = displs.back() + counts.back();
   uint8_t* send = Buffer(0, counts[set.rank] * elem);
   uint8_t* recv = Buffer(1, total * elem);
-  int64_t offset = 0;
-  for (size_t t = 0; t < count; ++t) {
-    const int64_t bytes = rows(t, set.rank) * r.tensor_sizes[t] * elem;
-    Copy(send + offset, entries[t].input.data, bytes);
-    offset += bytes;
+  {
+    auto scope = CopyIn();
+    int64_t offset = 0;
+    for (size_t t = 0; t < count; ++t) {
+      const int64_t bytes = rows(t, set.rank) * r.tensor_sizes[t] * elem;
+      Copy(send + offset, entries[t].input.data, bytes);
+      offset += bytes;
+    }
   }
-  HVD_RETURN_IF_ERROR(backend_->Allgatherv(r.process_set_id, send, counts[set.rank], recv, counts,
-                                           displs, r.dtype));
+  {
+    auto scope = Collective(OpType::kAllgather);
+    HVD_RETURN_IF_ERROR(backend_->Allgatherv(r.process_set_id, send, counts[set.rank], recv, counts,
+                                             displs, r.dtype));
+  }
+  auto scope = CopyOut();
   std::vector<int64_t> out_offset(count, 0);
   for (size_t q = 0; q < n; ++q) {
     int64_t in_block = displs[q] * elem;
@@ -272,6 +308,7 @@ Status OpExecutor::ExecuteAlltoall(const Response& r, const Set& set,
   e.result->data = Allocate(NumElements(shape) * elem);
   e.result->received_splits = received;
   counters_->alltoall_calls.fetch_add(1, std::memory_order_relaxed);
+  auto scope = Collective(OpType::kAlltoall);
   return backend_->Alltoallv(r.process_set_id, e.input.data, send_counts,
                              Displacements(send_counts), e.result->data.get(), recv_counts,
                              Displacements(recv_counts), r.dtype);
@@ -297,6 +334,7 @@ Status OpExecutor::ExecuteReducescatter(const Response& r, const Set& set,
 
   if (count == 1 && r.prescale_factor == 1.0) {
     TensorTableEntry& e = entries.front();
+    auto scope = Collective(OpType::kReducescatter);
     HVD_RETURN_IF_ERROR(backend_->ReduceScatter(r.process_set_id, e.input.data, e.output.data,
                                                 recv_counts, dtype, op));
     FinishReduction(r, set, e.output.data, recv_counts[set.rank]);
@@ -308,21 +346,28 @@ Status OpExecutor::ExecuteReducescatter(const Response& r, const Set& set,
   for (int64_t c : recv_counts) total += c;
   uint8_t* send = Buffer(0, total * elem);
   uint8_t* recv = Buffer(1, recv_counts[set.rank] * elem);
-  std::vector<int64_t> taken(count, 0);  // bytes of tensor t already packed
-  int64_t offset = 0;
-  for (size_t q = 0; q < n; ++q) {
-    for (size_t t = 0; t < count; ++t) {
-      const int64_t bytes = rows(t, q) * RowElements(entries[t].input.shape) * elem;
-      Copy(send + offset, static_cast<const uint8_t*>(entries[t].input.data) + taken[t], bytes);
-      taken[t] += bytes;
-      offset += bytes;
+  {
+    auto scope = CopyIn();
+    std::vector<int64_t> taken(count, 0);  // bytes of tensor t already packed
+    int64_t offset = 0;
+    for (size_t q = 0; q < n; ++q) {
+      for (size_t t = 0; t < count; ++t) {
+        const int64_t bytes = rows(t, q) * RowElements(entries[t].input.shape) * elem;
+        Copy(send + offset, static_cast<const uint8_t*>(entries[t].input.data) + taken[t], bytes);
+        taken[t] += bytes;
+        offset += bytes;
+      }
     }
+    ops::ScaleBuffer(send, total, dtype, r.prescale_factor);
   }
-  ops::ScaleBuffer(send, total, dtype, r.prescale_factor);
-  HVD_RETURN_IF_ERROR(
-      backend_->ReduceScatter(r.process_set_id, send, recv, recv_counts, dtype, op));
+  {
+    auto scope = Collective(OpType::kReducescatter);
+    HVD_RETURN_IF_ERROR(
+        backend_->ReduceScatter(r.process_set_id, send, recv, recv_counts, dtype, op));
+  }
+  auto scope = CopyOut();
   FinishReduction(r, set, recv, recv_counts[set.rank]);
-  offset = 0;
+  int64_t offset = 0;
   for (size_t t = 0; t < count; ++t) {
     const int64_t bytes = rows(t, set.rank) * RowElements(entries[t].input.shape) * elem;
     Copy(entries[t].output.data, recv + offset, bytes);

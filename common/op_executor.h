@@ -29,19 +29,24 @@
 #include "common/process_set.h"
 #include "common/tensor_queue.h"
 #include "ops/backend.h"
+#include "timeline/timeline.h"
 
 namespace hvd {
 
 class OpExecutor {
  public:
-  OpExecutor(ops::Backend* backend, const ProcessSetTable* sets, Counters* counters);
+  // `timeline` is null except on the rank that records one.
+  OpExecutor(ops::Backend* backend, const ProcessSetTable* sets, Counters* counters,
+             timeline::Timeline* timeline);
   OpExecutor(const OpExecutor&) = delete;
   OpExecutor& operator=(const OpExecutor&) = delete;
 
   // `entries` are this rank's tensors, in response.tensor_names order. For allreduce an entry
   // with null data stands for a rank that has joined: it contributes zeros and receives
-  // nothing. The returned status is what every entry completes with.
-  Status Execute(const Response& response, std::vector<TensorTableEntry>& entries);
+  // nothing. The returned status is what every entry completes with. `rows`, when recording,
+  // are the tensors' timeline rows: the fusion copies and the collective are recorded on them.
+  Status Execute(const Response& response, std::vector<TensorTableEntry>& entries,
+                 const std::vector<int32_t>* rows = nullptr);
 
  private:
   struct Set {
@@ -60,6 +65,21 @@ class OpExecutor {
   Status ExecuteAlltoall(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
   Status ExecuteReducescatter(const Response& r, const Set& set,
                               std::vector<TensorTableEntry>& entries);
+  // Records `activity` on the current rows for the lifetime of the returned scope.
+  class Activity {
+   public:
+    Activity(const OpExecutor* ex, const char* activity);
+    ~Activity();
+    Activity(const Activity&) = delete;
+    Activity& operator=(const Activity&) = delete;
+
+   private:
+    const OpExecutor* ex_;
+  };
+  Activity CopyIn() const { return Activity(this, "MEMCPY_IN_FUSION_BUFFER"); }
+  Activity CopyOut() const { return Activity(this, "MEMCPY_OUT_FUSION_BUFFER"); }
+  Activity Collective(OpType type) const { return Activity(this, backend_->ActivityName(type)); }
+
   // Average's division by the set size, then the postscale.
   static void FinishReduction(const Response& r, const Set& set, void* buf, int64_t n);
 
@@ -70,6 +90,8 @@ class OpExecutor {
   ops::Backend* backend_;
   const ProcessSetTable* sets_;
   Counters* counters_;
+  timeline::Timeline* timeline_;
+  const std::vector<int32_t>* rows_ = nullptr;  // timeline rows of the response being run
   struct FreeDeleter {
     void operator()(uint8_t* p) const;
   };

@@ -10,7 +10,6 @@
 #include "common/runtime.h"
 #include "ops/backend.h"
 #include "ops/nccl_info.h"
-#include "timeline/timeline.h"
 
 namespace hvd {
 namespace detail {
@@ -65,13 +64,6 @@ Status Init(const InitOptions& options) {
   HVD_ASSIGN_OR_RETURN(Config config, Config::FromEnv());
   SetLogLevel(config.log_level);
   for (const std::string& w : config.warnings) HVD_LOG(WARNING) << w;
-  if (!config.timeline_path.empty() && config.timeline_path != "DYNAMIC") {
-    std::string error;
-    timeline::Timeline probe;
-    if (!probe.Start(config.timeline_path, config.timeline_mark_cycles, &error)) {
-      HVD_LOG(WARNING) << "HOROVOD_TIMELINE: " << error;
-    }
-  }
   rt.dynamic_process_sets = config.dynamic_process_sets;
   rt.queue.Reset();
   rt.counters.Reset();
@@ -113,6 +105,21 @@ Result<ProcessSetInfo> GetProcessSet(int32_t id) {
 Result<std::vector<int32_t>> ProcessSetIds() {
   HVD_RETURN_IF_ERROR(CheckRunning());
   return R().sets.Ids();
+}
+
+Status StartTimeline(const std::string& path, bool mark_cycles) {
+  detail::Runtime& rt = R();
+  std::lock_guard<std::mutex> lock(rt.lifecycle_mu);  // the loop's timeline lives until Stop
+  HVD_RETURN_IF_ERROR(CheckRunning());
+  return rt.loop.StartTimeline(path, mark_cycles);
+}
+
+Status StopTimeline() {
+  detail::Runtime& rt = R();
+  std::lock_guard<std::mutex> lock(rt.lifecycle_mu);
+  HVD_RETURN_IF_ERROR(CheckRunning());
+  rt.loop.StopTimeline();
+  return Status::OK();
 }
 
 Result<bool> Poll(Handle handle) { return R().handles.Poll(handle); }

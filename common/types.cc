@@ -135,6 +135,34 @@ const char* OpTypeLowerName(OpType type) {
   return "invalid";
 }
 
+const char* NegotiateName(OpType type) {
+  switch (type) {
+    case OpType::kAllreduce:
+      return "NEGOTIATE_ALLREDUCE";
+    case OpType::kAllgather:
+      return "NEGOTIATE_ALLGATHER";
+    case OpType::kBroadcast:
+      return "NEGOTIATE_BROADCAST";
+    case OpType::kJoin:
+      return "NEGOTIATE_JOIN";
+    case OpType::kAdasum:
+      return "NEGOTIATE_ADASUM";
+    case OpType::kAlltoall:
+      return "NEGOTIATE_ALLTOALL";
+    case OpType::kBarrier:
+      return "NEGOTIATE_BARRIER";
+    case OpType::kReducescatter:
+      return "NEGOTIATE_REDUCESCATTER";
+    case OpType::kError:
+      return "NEGOTIATE_ERROR";
+    case OpType::kProcessSetAdd:
+      return "NEGOTIATE_PROCESS_SET_ADD";
+    case OpType::kProcessSetRemove:
+      return "NEGOTIATE_PROCESS_SET_REMOVE";
+  }
+  return "NEGOTIATE";
+}
+
 int64_t NumElements(const TensorShape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

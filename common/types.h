@@ -74,6 +74,8 @@ const char* ReduceOpName(ReduceOp op);
 const char* OpTypeName(OpType type);
 // "allreduce", "broadcast", ... (used to build default tensor names and error prefixes).
 const char* OpTypeLowerName(OpType type);
+// "NEGOTIATE_ALLREDUCE", ... (timeline span names; string literals).
+const char* NegotiateName(OpType type);
 
 using TensorShape = std::vector<int64_t>;
 

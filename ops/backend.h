@@ -34,8 +34,10 @@ class Backend {
  public:
   virtual ~Backend() = default;
 
-  // "MPI", ... (used in messages and the timeline).
+  // "MPI", ... (used in messages).
   virtual const char* name() const = 0;
+  // The timeline activity of a collective of this backend, e.g. "MPI_ALLREDUCE" (a literal).
+  virtual const char* ActivityName(OpType type) const = 0;
 
   // Brings the transport up (e.g. MPI_Init_thread unless already initialised) and fills the
   // topology. Called once, on the background thread.

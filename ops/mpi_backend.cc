@@ -74,6 +74,17 @@ class MpiBackend final : public Backend {
   MpiBackend& operator=(const MpiBackend&) = delete;
 
   const char* name() const override { return "MPI"; }
+  const char* ActivityName(OpType type) const override {
+    switch (type) {
+      case OpType::kAllreduce: return "MPI_ALLREDUCE";
+      case OpType::kBroadcast: return "MPI_BCAST";
+      case OpType::kAllgather: return "MPI_ALLGATHER";
+      case OpType::kAlltoall: return "MPI_ALLTOALL";
+      case OpType::kReducescatter: return "MPI_REDUCESCATTER";
+      case OpType::kBarrier: return "MPI_BARRIER";
+      default: return "MPI";
+    }
+  }
   const Topology& topology() const override { return topo_; }
 
   Status Initialize() override {
