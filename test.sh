@@ -8,13 +8,19 @@ scripts/install_deps.sh
 source scripts/mpi_env.sh
 start=$SECONDS
 
-# 1. The default build (NCCL backend on when CUDA and NCCL are found): every test.
-scripts/build.sh build -DHVD_WERROR=ON
-(cd build && ctest --output-on-failure -j 2 --timeout 300)
+# 1. The Python package, installed into .venv the way users install it.
+scripts/setup_venv.sh
 
-# 2. The CPU-only configuration must build and pass on its own as well.
+# 2. The default build (NCCL backend on when CUDA and NCCL are found): every test, the Python
+#    ones included.
+scripts/build.sh build -DHVD_WERROR=ON -DPython3_EXECUTABLE=/usr/bin/python3 \
+  -DHVD_TEST_PYTHON="$PWD/.venv/bin/python"
+(cd build && ctest --output-on-failure -j 2 --timeout 600)
+
+# 3. The CPU-only configuration must build and pass on its own as well (C++ tests).
 if grep -q "NCCL backend ON" build.configure.log; then
-  scripts/build.sh build-cpu -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF -DHVD_WERROR=ON
+  scripts/build.sh build-cpu -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF \
+    -DHVD_WERROR=ON
   (cd build-cpu && ctest --output-on-failure -j 2 --timeout 300)
 fi
 echo "test.sh: all tests passed in $((SECONDS - start)) s" >&2

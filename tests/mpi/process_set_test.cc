@@ -200,6 +200,8 @@ TEST(ProcessSets, CrossedSetsGiveTheSameErrorOnEveryRank) {
 TEST(ProcessSets, StaticSetsFromInitAndDisabledDynamicSets) {
   const int n = N(), rank = R();
   if (n < 2) GTEST_SKIP() << "needs two ranks";
+  // Shutting down stops every rank: wait until all have finished the previous tests.
+  MPI_Barrier(MPI_COMM_WORLD);
   ASSERT_TRUE(Shutdown().ok());
   // Every rank must pass the same sets; otherwise every rank's Init fails.
   InitOptions bad;

@@ -1,0 +1,247 @@
+// horovod_cpp — Apache-2.0
+// horovod_cpp._core: the Python binding of the C++ API (pybind11).
+//
+// It knows nothing about PyTorch: a tensor arrives as (data pointer, dtype code, shape,
+// device), so the module never links LibTorch and never needs rebuilding when PyTorch is
+// upgraded. The Python layer (horovod_cpp.torch) keeps tensors alive until their handle has
+// completed. Results whose size only the other ranks determine (allgather, alltoall) come back
+// as ResultBuffer objects exposing the runtime's memory through the buffer protocol, so
+// torch.frombuffer wraps them without a copy.
+//
+// Errors: a call rejected at enqueue raises ValueError (bad argument, duplicate name in
+// flight, not initialized); everything that fails after negotiation, and shutdowns, raise
+// HorovodInternalError (a RuntimeError), as horovod.torch does. Waiting releases the GIL.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/horovod.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// Set at module import; an exception type derived from RuntimeError.
+PyObject* g_internal_error = nullptr;
+
+[[noreturn]] void Raise(const hvd::Status& s, bool at_enqueue) {
+  PyObject* type = g_internal_error;
+  if (s.code() == hvd::StatusCode::kInvalidArgument ||
+      (at_enqueue && s.code() == hvd::StatusCode::kFailedPrecondition)) {
+    type = PyExc_ValueError;
+  }
+  PyErr_SetString(type, s.message().c_str());
+  throw py::error_already_set();
+}
+
+void Check(const hvd::Status& s, bool at_enqueue = true) {
+  if (!s.ok()) Raise(s, at_enqueue);
+}
+
+template <typename T>
+T Get(hvd::Result<T> r, bool at_enqueue = true) {
+  if (!r.ok()) Raise(r.status(), at_enqueue);
+  return std::move(r).value();
+}
+
+// (data_ptr, dtype code, shape, device) from Python.
+using PyTensor = std::tuple<uintptr_t, int, std::vector<int64_t>, int>;
+
+hvd::TensorView ToView(const PyTensor& t) {
+  const auto& [ptr, dtype, shape, device] = t;
+  return hvd::TensorView{reinterpret_cast<void*>(ptr), static_cast<hvd::DataType>(dtype), shape,
+                         device};
+}
+
+std::vector<hvd::TensorView> ToViews(const std::vector<PyTensor>& ts) {
+  std::vector<hvd::TensorView> views;
+  views.reserve(ts.size());
+  for (const PyTensor& t : ts) views.push_back(ToView(t));
+  return views;
+}
+
+hvd::AllreduceOptions Options(int op, double prescale, double postscale, int process_set) {
+  return hvd::AllreduceOptions{static_cast<hvd::ReduceOp>(op), prescale, postscale, process_set};
+}
+
+// Runtime-owned result memory, exposed as a writable 1-D byte buffer.
+struct ResultBuffer {
+  std::shared_ptr<void> data;
+  int64_t bytes = 0;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "horovod_cpp core runtime (framework independent)";
+
+  static py::exception<std::runtime_error> internal_error(m, "HorovodInternalError",
+                                                           PyExc_RuntimeError);
+  g_internal_error = internal_error.ptr();
+
+  py::class_<ResultBuffer>(m, "ResultBuffer", py::buffer_protocol())
+      .def_buffer([](ResultBuffer& b) {
+        return py::buffer_info(b.data.get(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {b.bytes}, {1});
+      })
+      .def("__len__", [](const ResultBuffer& b) { return b.bytes; });
+
+  // ---- dtype and op codes (shared with the Python layer) ----
+  py::dict dtypes;
+  for (int i = 0; i < hvd::kNumDataTypes; ++i) {
+    dtypes[hvd::DataTypeName(static_cast<hvd::DataType>(i))] = i;
+  }
+  m.attr("DTYPES") = dtypes;
+  m.attr("AVERAGE") = static_cast<int>(hvd::ReduceOp::kAverage);
+  m.attr("SUM") = static_cast<int>(hvd::ReduceOp::kSum);
+  m.attr("ADASUM") = static_cast<int>(hvd::ReduceOp::kAdasum);
+  m.attr("MIN") = static_cast<int>(hvd::ReduceOp::kMin);
+  m.attr("MAX") = static_cast<int>(hvd::ReduceOp::kMax);
+  m.attr("PRODUCT") = static_cast<int>(hvd::ReduceOp::kProduct);
+  m.attr("CPU_DEVICE") = hvd::kCpuDevice;
+
+  // ---- lifecycle and topology ----
+  m.def(
+      "init",
+      [](const std::vector<std::vector<int>>& process_sets) {
+        hvd::InitOptions options;
+        options.process_sets = process_sets;
+        hvd::Status s;
+        {
+          py::gil_scoped_release release;
+          s = hvd::Init(options);
+        }
+        Check(s);
+      },
+      py::arg("process_sets") = std::vector<std::vector<int>>{});
+  m.def("shutdown", [] {
+    py::gil_scoped_release release;
+    hvd::Shutdown().IgnoreError();
+  });
+  m.def("is_initialized", &hvd::IsInitialized);
+  m.def("rank", [] { return Get(hvd::Rank()); });
+  m.def("size", [] { return Get(hvd::Size()); });
+  m.def("local_rank", [] { return Get(hvd::LocalRank()); });
+  m.def("local_size", [] { return Get(hvd::LocalSize()); });
+  m.def("cross_rank", [] { return Get(hvd::CrossRank()); });
+  m.def("cross_size", [] { return Get(hvd::CrossSize()); });
+  m.def("mpi_threads_supported", [] { return Get(hvd::MpiThreadsSupported()); });
+  m.def("nccl_built", &hvd::NcclBuilt);
+
+  m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
+    Check(hvd::StartTimeline(path, mark_cycles));
+  });
+  m.def("stop_timeline", [] { Check(hvd::StopTimeline()); });
+
+  // ---- process sets ----
+  m.def("process_set_ids", [] { return Get(hvd::ProcessSetIds()); });
+  m.def("process_set_info", [](int id) {
+    hvd::ProcessSetInfo info = Get(hvd::GetProcessSet(id));
+    return py::make_tuple(info.ranks, info.rank, info.included);
+  });
+  m.def("add_process_set", [](const std::vector<int>& ranks) {
+    hvd::Result<int32_t> id(hvd::Status::Internal("unset"));
+    {
+      py::gil_scoped_release release;
+      id = hvd::AddProcessSet(ranks);
+    }
+    return Get(std::move(id));
+  });
+  m.def("remove_process_set", [](int id) {
+    hvd::Status s;
+    {
+      py::gil_scoped_release release;
+      s = hvd::RemoveProcessSet(id);
+    }
+    Check(s);
+  });
+
+  // ---- operations: each returns a handle ----
+  m.def("allreduce_async", [](const PyTensor& in, const PyTensor& out, const std::string& name,
+                              int op, double pre, double post, int ps) {
+    return Get(hvd::EnqueueAllreduce(ToView(in), ToView(out), name, Options(op, pre, post, ps)));
+  });
+  m.def("grouped_allreduce_async",
+        [](const std::vector<PyTensor>& ins, const std::vector<PyTensor>& outs,
+           const std::string& name, int op, double pre, double post, int ps) {
+          return Get(hvd::EnqueueGroupedAllreduce(ToViews(ins), ToViews(outs), name,
+                                                  Options(op, pre, post, ps)));
+        });
+  m.def("broadcast_async", [](const PyTensor& in, const PyTensor& out, int root,
+                              const std::string& name, int ps) {
+    return Get(hvd::EnqueueBroadcast(ToView(in), ToView(out), root, name, ps));
+  });
+  m.def("allgather_async", [](const PyTensor& in, const std::string& name, int ps) {
+    return Get(hvd::EnqueueAllgather(ToView(in), name, ps));
+  });
+  m.def("grouped_allgather_async",
+        [](const std::vector<PyTensor>& ins, const std::string& name, int ps) {
+          return Get(hvd::EnqueueGroupedAllgather(ToViews(ins), name, ps));
+        });
+  m.def("alltoall_async", [](const PyTensor& in, const std::vector<int64_t>& splits,
+                             const std::string& name, int ps) {
+    return Get(hvd::EnqueueAlltoall(ToView(in), splits, name, ps));
+  });
+  m.def("reducescatter_async", [](const PyTensor& in, const PyTensor& out,
+                                  const std::string& name, int op, double pre, double post,
+                                  int ps) {
+    return Get(
+        hvd::EnqueueReducescatter(ToView(in), ToView(out), name, Options(op, pre, post, ps)));
+  });
+  m.def("grouped_reducescatter_async",
+        [](const std::vector<PyTensor>& ins, const std::vector<PyTensor>& outs,
+           const std::string& name, int op, double pre, double post, int ps) {
+          return Get(hvd::EnqueueGroupedReducescatter(ToViews(ins), ToViews(outs), name,
+                                                      Options(op, pre, post, ps)));
+        });
+  m.def("reducescatter_shape", [](const std::vector<int64_t>& shape, int ps) {
+    return Get(hvd::ReducescatterShape(shape, ps));
+  });
+  m.def("join_async", [] { return Get(hvd::EnqueueJoin()); });
+  m.def("barrier", [](int ps) {
+    hvd::Status s;
+    {
+      py::gil_scoped_release release;
+      s = hvd::Barrier(ps);
+    }
+    Check(s, /*at_enqueue=*/false);
+  });
+
+  // ---- completion ----
+  m.def("poll", [](int64_t handle) { return Get(hvd::Poll(handle)); });
+  m.def("wait", [](int64_t handle) {
+    hvd::Status s;
+    {
+      py::gil_scoped_release release;
+      s = hvd::Wait(handle);
+    }
+    if (s.code() == hvd::StatusCode::kInvalidArgument && s.message().rfind("unknown handle", 0) == 0) {
+      Raise(s, /*at_enqueue=*/true);  // a programming error: ValueError
+    }
+    Check(s, /*at_enqueue=*/false);
+  });
+  // Returns [(buffer, dtype code, shape, received splits, value)] per output.
+  m.def("wait_outputs", [](int64_t handle) {
+    hvd::Result<std::vector<hvd::Output>> r(hvd::Status::Internal("unset"));
+    {
+      py::gil_scoped_release release;
+      r = hvd::WaitOutputs(handle);
+    }
+    std::vector<hvd::Output> outputs = Get(std::move(r), /*at_enqueue=*/false);
+    py::list result;
+    for (hvd::Output& o : outputs) {
+      py::object buffer = py::none();
+      if (o.data) {
+        const int64_t bytes = hvd::NumElements(o.shape) * hvd::DataTypeSize(o.dtype);
+        buffer = py::cast(ResultBuffer{o.data, bytes});
+      }
+      result.append(py::make_tuple(buffer, static_cast<int>(o.dtype), o.shape, o.received_splits,
+                                   o.value));
+    }
+    return result;
+  });
+}

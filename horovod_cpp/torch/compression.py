@@ -1,0 +1,52 @@
+"""Gradient compression algorithms (as horovod.torch.compression)."""
+import torch
+
+
+class Compressor:
+    """Interface for compressing and decompressing a tensor."""
+
+    @staticmethod
+    def compress(tensor):
+        """Returns the tensor to send and a context for decompress."""
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        """Restores a tensor received from the other ranks."""
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """No compression."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """Floating-point tensors travel as float16 and come back in their own dtype."""
+
+    @staticmethod
+    def compress(tensor):
+        tensor_compressed = tensor
+        if tensor.dtype.is_floating_point:
+            tensor_compressed = tensor.type(torch.float16)
+        return tensor_compressed, tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        tensor_decompressed = tensor
+        if ctx.is_floating_point:
+            tensor_decompressed = tensor.type(ctx)
+        return tensor_decompressed
+
+
+class Compression:
+    """The compression algorithms to choose from: ``Compression.none``, ``Compression.fp16``."""
+    none = NoneCompressor
+    fp16 = FP16Compressor

@@ -1,0 +1,319 @@
+"""DistributedOptimizer, as in horovod.torch.optimizer.
+
+Each parameter's gradient is allreduced as soon as it has been accumulated (a hook on the
+parameter's gradient accumulator), so communication overlaps the rest of the backward pass;
+``step()`` waits for the allreduces and then runs the wrapped optimizer's step.
+"""
+import os
+import warnings
+from contextlib import contextmanager
+
+import torch
+
+from horovod_cpp.torch.compression import Compression
+from horovod_cpp.torch.functions import broadcast_object
+from horovod_cpp.torch.mpi_ops import (Adasum, Average, allreduce_async_, grouped_allreduce_async_,
+                                       rank, size, sparse_allreduce_async, synchronize)
+from horovod_cpp.torch.process_sets import global_process_set
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    _is_horovod_cpp_distributed = True
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
+                 op=Average, gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
+                 process_set=global_process_set):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [("allreduce.noname.%s.%s" % (i, j), v)
+                                for i, param_group in enumerate(self.param_groups)
+                                for j, v in enumerate(param_group["params"])]
+        # make sure that named_parameters are tuples
+        if any(not isinstance(p, tuple) for p in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                             "usually produced by model.named_parameters().")
+        dups = _DistributedOptimizer.find_duplicates([k for k, _ in named_parameters])
+        if len(dups) > 0:
+            raise ValueError("Parameter names in named_parameters must be unique. "
+                             "Found duplicates: %s" % ", ".join(dups))
+        all_param_ids = {id(v) for param_group in self.param_groups
+                         for v in param_group["params"]}
+        named_param_ids = {id(v) for k, v in named_parameters}
+        unnamed_param_ids = all_param_ids - named_param_ids
+        if len(unnamed_param_ids):
+            raise ValueError("named_parameters was specified, but one or more model parameters "
+                             "were not named. Python object ids: "
+                             "%s" % ", ".join(str(i) for i in unnamed_param_ids))
+
+        self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {v: self.backward_passes_per_step
+                                 for _, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        self._handles = {}
+        self._grad_accs = []
+        self._requires_update = set()
+        self._synchronized = False
+        self._should_synchronize = True
+
+        # groups: an int splits the parameters into that many groups (the split decided on
+        # rank 0, so every rank agrees); a list of lists of parameters gives them explicitly.
+        self._groups = None
+        self._p_to_group = {}
+        self._group_counts = {}
+        if groups is not None:
+            if isinstance(groups, int):
+                if groups <= 0:
+                    raise ValueError("groups must be a positive int or a list of lists of "
+                                     "parameters")
+                ordered = [v for _, v in sorted(named_parameters, key=lambda kv: kv[0])
+                           if v.requires_grad]
+                names = broadcast_object([self._parameter_names[p] for p in ordered], root_rank=0,
+                                         name="optimizer.groups", process_set=process_set)
+                by_name = {self._parameter_names[p]: p for p in ordered}
+                ordered = [by_name[n] for n in names]
+                chunk = (len(ordered) + groups - 1) // groups
+                groups = [ordered[i:i + chunk] for i in range(0, len(ordered), chunk)]
+            elif not (isinstance(groups, list) and all(isinstance(g, list) for g in groups)):
+                raise ValueError("groups must be a positive int or a list of lists of parameters")
+            self._groups = []
+            for group in groups:
+                group = [p for p in group if p.requires_grad]
+                if not group:
+                    continue
+                key = tuple(group)
+                self._groups.append(key)
+                for p in group:
+                    self._p_to_group[p] = key
+                self._group_counts[key] = 0
+
+        if self.process_set.included() and (size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"):
+            self._register_hooks()
+
+    def load_state_dict(self, *args, **kwargs):
+        self._handles = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        super(self.__class__, self).load_state_dict(*args, **kwargs)
+
+    @staticmethod
+    def find_duplicates(lst):
+        seen = set()
+        dups = set()
+        for el in lst:
+            if el in seen:
+                dups.add(el)
+            seen.add(el)
+        return dups
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+
+    def _register_hooks(self):
+        for param_group in self.param_groups:
+            for p in param_group["params"]:
+                if p.requires_grad:
+                    p.grad = p.data.new(p.size()).zero_()
+                    self._requires_update.add(p)
+                    p_tmp = p.expand_as(p)
+                    grad_acc = p_tmp.grad_fn.next_functions[0][0]
+                    grad_acc.register_hook(self._make_hook(p))
+                    self._grad_accs.append(grad_acc)
+
+    def _allreduce_grad_async(self, p):
+        if p.grad is None:
+            # Gradient was not computed, but we still need to submit a tensor to allreduce as
+            # one of the other ranks may have computed it (due to dynamic graphs).
+            p.grad = p.data.new(p.size()).zero_()
+        name = self._parameter_names.get(p)
+        tensor = p.grad
+        if p.grad.is_sparse:
+            if self.sparse_as_dense:
+                tensor = tensor.to_dense()
+            else:
+                return self._sparse_allreduce_grad_async(p, name)
+        tensor_compressed, ctx = self._compression.compress(tensor)
+        if self.op == Average:
+            # Split the average into a division before and after the sum, to avoid overflow
+            # of low-precision types: prescale 1/f, postscale f (the core divides by size).
+            prescale_factor = 1.0 / self.gradient_predivide_factor
+            postscale_factor = self.gradient_predivide_factor
+        else:
+            prescale_factor = 1.0
+            postscale_factor = 1.0
+        handle = allreduce_async_(tensor_compressed, name=name, op=self.op,
+                                  prescale_factor=prescale_factor,
+                                  postscale_factor=postscale_factor,
+                                  process_set=self.process_set)
+        return handle, ctx
+
+    def _grouped_allreduce_grad_async(self, ps):
+        name = self._parameter_names.get(ps[0])
+        tensors_compressed, ctxs = zip(*[self._compression.compress(p.grad) for p in ps])
+        if self.op == Average:
+            prescale_factor = 1.0 / self.gradient_predivide_factor
+            postscale_factor = self.gradient_predivide_factor
+        else:
+            prescale_factor = 1.0
+            postscale_factor = 1.0
+        handle = grouped_allreduce_async_(list(tensors_compressed), name=name, op=self.op,
+                                          prescale_factor=prescale_factor,
+                                          postscale_factor=postscale_factor,
+                                          process_set=self.process_set)
+        return handle, ctxs
+
+    def _sparse_allreduce_grad_async(self, p, name):
+        handle = sparse_allreduce_async(p.grad, name=name, op=self.op,
+                                        process_set=self.process_set)
+        return handle, None
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            if self._allreduce_delay[p] <= 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times "
+                    "before call to step(). Increase backward_passes_per_step to "
+                    "accumulate gradients locally.")
+            assert not p.grad.requires_grad
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] > 0:
+                self._handles[p] = (None, None)  # still accumulating locally
+                return
+            group = self._p_to_group.get(p)
+            if group is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+                return
+            self._group_counts[group] += 1
+            if self._group_counts[group] < len(group):
+                self._handles[p] = (None, None)  # waiting for the rest of its group
+                return
+            for gp in group:
+                self._handles.pop(gp, None)
+            self._handles[group] = self._grouped_allreduce_grad_async(group)
+            self._group_counts[group] = 0
+
+        return hook
+
+    def synchronize(self):
+        """Waits for every gradient's allreduce (submitting those whose hook did not fire, so
+        that every rank submits the same set) and writes the results into ``p.grad``."""
+        if not self.process_set.included():
+            self._synchronized = True
+            return
+
+        completed = set()
+        for x in self._handles.keys():
+            completed.update(x) if isinstance(x, tuple) else completed.add(x)
+        missing_p = self._requires_update - completed
+        if self._groups is not None:
+            for group in self._groups:
+                if any(p in missing_p for p in group) or \
+                        any(p in self._handles and self._handles[p][0] is None for p in group):
+                    for p in group:
+                        self._handles.pop(p, None)
+                        missing_p.discard(p)
+                    self._handles[group] = self._grouped_allreduce_grad_async(group)
+                    self._group_counts[group] = 0
+        for p in missing_p:
+            self._handles[p] = self._allreduce_grad_async(p)
+        for p, (handle, ctx) in list(self._handles.items()):
+            if handle is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+
+        for p, (handle, ctx) in self._handles.items():
+            if isinstance(p, tuple):  # a group
+                outputs = synchronize(handle)
+                for gp, output, c in zip(p, outputs, ctx):
+                    self._allreduce_delay[gp] = self.backward_passes_per_step
+                    gp.grad.set_(self._compression.decompress(output, c))
+                continue
+            if callable(handle):  # sparse
+                output = handle()
+            else:
+                output = synchronize(handle)
+            self._allreduce_delay[p] = self.backward_passes_per_step
+            if p.grad.is_sparse and not self.sparse_as_dense:
+                p.grad = output
+            elif p.grad.is_sparse:
+                p.grad = self._compression.decompress(output, ctx).to_sparse()
+            else:
+                p.grad.set_(self._compression.decompress(output, ctx))
+        self._handles.clear()
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self):
+        """A context manager within which ``step()`` does not synchronize (because you called
+        ``synchronize()`` yourself, e.g. to clip gradients)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without "
+                              "optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using "
+                              "optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() "
+                                 "but before optimizer.step() or optimizer.synchronize(). "
+                                 "This is prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set):
+    """Wraps a torch optimizer so that gradients are averaged over every rank before each step.
+
+    The result is an instance of the wrapped optimizer's own class. Gradients are allreduced
+    as soon as they are accumulated, overlapping the backward pass; ``step()`` waits for them.
+
+    Arguments follow horovod.torch: ``named_parameters`` (``model.named_parameters()``, names
+    the allreduces), ``compression``, ``backward_passes_per_step`` (accumulate locally over
+    that many backward passes), ``op`` (Average or Sum), ``gradient_predivide_factor``,
+    ``groups`` (an int or a list of lists of parameters to allreduce together),
+    ``sparse_as_dense``, ``process_set``.
+    """
+    if gradient_predivide_factor != 1.0:
+        if op != Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
+                      "in v0.23.0.", DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    if op == Adasum and size() > 1:
+        raise ValueError("horovod_cpp does not support op=Adasum; use Average or Sum")
+
+    # Dynamically create a new class that inherits from the optimizer that was passed in.
+    # The goal is to override the `step()` method with an allreduce implementation.
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               op, gradient_predivide_factor, groups, sparse_as_dense, process_set)

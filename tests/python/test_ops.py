@@ -1,0 +1,359 @@
+"""horovod_cpp.torch collectives against torch references, for every dtype and op, under mpirun.
+
+Every rank rebuilds every other rank's input from its seed, so the expected result is computed
+independently with plain torch.
+"""
+import time
+
+import pytest
+import torch
+
+import horovod_cpp.torch as hvd
+from conftest import same_on_every_rank
+
+REDUCE_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                 torch.bfloat16, torch.float32, torch.float64]
+MOVE_DTYPES = REDUCE_DTYPES + [torch.bool]
+OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
+       "Product": hvd.Product}
+
+
+def rank_input(rank, shape, dtype, seed=0):
+    """What `rank` contributes: small exact values (unsigned 0..2, signed -2..2, floating
+    multiples of 0.5), so sums and products fit every dtype."""
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype == torch.uint8:
+        return torch.randint(0, 3, shape, generator=g).to(dtype)
+    values = torch.randint(-2, 3, shape, generator=g)
+    return (values * 0.5).to(dtype) if dtype.is_floating_point else values.to(dtype)
+
+
+def reference(op, inputs):
+    stacked = torch.stack([t.double() for t in inputs])
+    if op == hvd.Sum:
+        return stacked.sum(0)
+    if op == hvd.Min:
+        return stacked.min(0).values
+    if op == hvd.Max:
+        return stacked.max(0).values
+    if op == hvd.Product:
+        return stacked.prod(0)
+    total = stacked.sum(0)  # Average
+    if inputs[0].dtype.is_floating_point:
+        return total / len(inputs)
+    return torch.div(total, len(inputs), rounding_mode="trunc")  # integers truncate toward zero
+
+
+def assert_close(got, want, dtype):
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-6,
+           torch.float64: 1e-12}.get(dtype, 0.0)
+    assert got.dtype == dtype
+    assert torch.allclose(got.double(), want, rtol=tol, atol=tol), (got, want)
+
+
+@pytest.mark.parametrize("op_name", list(OPS))
+@pytest.mark.parametrize("dtype", REDUCE_DTYPES, ids=str)
+def test_allreduce_every_dtype_and_op(dtype, op_name):
+    op = OPS[op_name]
+    shape = (3, 5)
+    inputs = [rank_input(r, shape, dtype, seed=1) for r in range(hvd.size())]
+    result = hvd.allreduce(inputs[hvd.rank()], op=op, name="every.%s.%s" % (dtype, op_name))
+    assert_close(result, reference(op, inputs), dtype)
+    assert torch.equal(inputs[hvd.rank()], rank_input(hvd.rank(), shape, dtype, seed=1))
+
+
+def test_allreduce_in_place_async_and_scaling():
+    n = hvd.size()
+    x = torch.full((4,), float(hvd.rank() + 1))
+    hvd.allreduce_(x, op=hvd.Sum, name="inplace")
+    assert x.tolist() == [n * (n + 1) / 2] * 4
+    y = torch.full((4,), float(hvd.rank() + 1))
+    handle = hvd.allreduce_async_(y, op=hvd.Sum, prescale_factor=0.5, postscale_factor=4.0)
+    assert hvd.synchronize(handle) is y
+    assert y.tolist() == [2.0 * n * (n + 1) / 2] * 4
+    z = hvd.synchronize(hvd.allreduce_async(torch.ones(3, dtype=torch.float64)))
+    assert z.tolist() == [1.0, 1.0, 1.0]  # Average by default
+
+
+def test_average_argument_compatibility():
+    x = torch.full((2,), float(hvd.rank()))
+    with pytest.raises(ValueError, match="The op parameter supersedes average"):
+        hvd.allreduce(x, average=True, op=hvd.Sum)
+    with pytest.warns(DeprecationWarning, match="`average` has been replaced with `op`"):
+        summed = hvd.allreduce(x, average=False, name="compat.sum")
+    assert summed.tolist() == [sum(range(hvd.size()))] * 2
+
+
+def test_grouped_allreduce_variants():
+    n = hvd.size()
+    tensors = [torch.full((k + 1,), float(hvd.rank() + k)) for k in range(4)]
+    out = hvd.grouped_allreduce(tensors, op=hvd.Sum, name="g")
+    for k, t in enumerate(out):
+        assert t.tolist() == [sum(r + k for r in range(n))] * (k + 1)
+    handle = hvd.grouped_allreduce_async(tensors, op=hvd.Max)
+    assert [t.tolist() for t in hvd.synchronize(handle)] == \
+        [[float(n - 1 + k)] * (k + 1) for k in range(4)]
+    hvd.grouped_allreduce_(tensors, op=hvd.Min)
+    assert [t.tolist() for t in tensors] == [[float(k)] * (k + 1) for k in range(4)]
+    handle = hvd.grouped_allreduce_async_(tensors)  # Average of equal values
+    hvd.synchronize(handle)
+    assert [t.tolist() for t in tensors] == [[float(k)] * (k + 1) for k in range(4)]
+
+
+@pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=str)
+def test_allgather_variable_first_dimension(dtype):
+    # Rank r contributes r + 1 rows.
+    inputs = [rank_input(r, (r + 1, 2, 3), dtype, seed=2) for r in range(hvd.size())]
+    result = hvd.allgather(inputs[hvd.rank()], name="ag.%s" % dtype)
+    assert result.dtype == dtype
+    assert torch.equal(result, torch.cat(inputs))
+
+
+def test_grouped_allgather_and_async():
+    a = torch.full((hvd.rank() + 1,), hvd.rank())
+    b = torch.full((2, 2), hvd.rank() * 10)
+    out = hvd.grouped_allgather([a, b])
+    assert torch.equal(out[0], torch.cat([torch.full((r + 1,), r) for r in range(hvd.size())]))
+    assert torch.equal(out[1], torch.cat([torch.full((2, 2), r * 10) for r in range(hvd.size())]))
+    handle = hvd.grouped_allgather_async([a])
+    assert torch.equal(hvd.synchronize(handle)[0], out[0])
+    assert torch.equal(hvd.synchronize(hvd.allgather_async(b)), out[1])
+
+
+@pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=str)
+def test_broadcast_from_every_root(dtype):
+    for root in range(hvd.size()):
+        inputs = [rank_input(r, (4, 3), dtype, seed=3) for r in range(hvd.size())]
+        x = inputs[hvd.rank()].clone()
+        out = hvd.broadcast(x, root, name="bc.%s.%d" % (dtype, root))
+        assert torch.equal(out, inputs[root])
+        assert torch.equal(x, inputs[hvd.rank()])  # out of place
+        hvd.broadcast_(x, root, name="bc_.%s.%d" % (dtype, root))
+        assert torch.equal(x, inputs[root])
+    y = inputs[hvd.rank()].clone()
+    assert torch.equal(hvd.synchronize(hvd.broadcast_async(y, 0)), inputs[0])
+    hvd.synchronize(hvd.broadcast_async_(y, hvd.size() - 1))
+    assert torch.equal(y, inputs[hvd.size() - 1])
+
+
+@pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=str)
+def test_alltoall_even_and_explicit_splits(dtype):
+    n, me = hvd.size(), hvd.rank()
+    # Even: 2 rows to every rank.
+    inputs = [rank_input(r, (2 * n, 3), dtype, seed=4) for r in range(n)]
+    out = hvd.alltoall(inputs[me], name="a2a.%s" % dtype)
+    assert torch.equal(out, torch.cat([inputs[r][2 * me:2 * me + 2] for r in range(n)]))
+    # Explicit: rank r sends (r + d) % 3 rows to rank d.
+    splits = [[(r + d) % 3 for d in range(n)] for r in range(n)]
+    inputs = [rank_input(r, (sum(splits[r]), 2), dtype, seed=5) for r in range(n)]
+    out, received = hvd.alltoall(inputs[me], splits=torch.tensor(splits[me], dtype=torch.int32),
+                                 name="a2a.splits.%s" % dtype)
+    expected = []
+    for r in range(n):
+        start = sum(splits[r][:me])
+        expected.append(inputs[r][start:start + splits[r][me]])
+    assert torch.equal(out, torch.cat(expected))
+    assert received.dtype == torch.int32
+    assert received.tolist() == [splits[r][me] for r in range(n)]
+
+
+def test_alltoall_async_and_bad_splits():
+    n = hvd.size()
+    x = torch.arange(n * 2, dtype=torch.float32)
+    out, received = hvd.synchronize(hvd.alltoall_async(x, splits=[2] * n))
+    assert received.tolist() == [2] * n
+    with pytest.raises(ValueError, match="not divisible by the %d ranks" % n):
+        hvd.alltoall(torch.zeros(n * 2 + 1))
+    with pytest.raises(ValueError, match="1D splits tensor"):
+        hvd.alltoall(x, splits=torch.ones(1, n, dtype=torch.int32))
+    with pytest.raises(ValueError, match="splits sum to"):
+        hvd.alltoall(x, splits=[1] * n)
+
+
+@pytest.mark.parametrize("op_name", ["Sum", "Average"])
+@pytest.mark.parametrize("dtype", REDUCE_DTYPES, ids=str)
+def test_reducescatter_uneven_rows(dtype, op_name):
+    op = OPS[op_name]
+    n, me = hvd.size(), hvd.rank()
+    rows = 2 * n + 1  # the first rank gets one extra row
+    inputs = [rank_input(r, (rows, 2), dtype, seed=6) for r in range(n)]
+    result = hvd.reducescatter(inputs[me], op=op, name="rs.%s.%s" % (dtype, op_name))
+    counts = [rows // n + (1 if r < rows % n else 0) for r in range(n)]
+    start = sum(counts[:me])
+    want = reference(op, [t[start:start + counts[me]] for t in inputs])
+    assert result.shape == (counts[me], 2)
+    assert_close(result, want, dtype)
+
+
+def test_reducescatter_grouped_async_and_errors():
+    n, me = hvd.size(), hvd.rank()
+    tensors = [torch.full((n * 2, 3), float(me + 1)), torch.full((n,), float(me))]
+    out = hvd.grouped_reducescatter(tensors, op=hvd.Sum)
+    assert out[0].tolist() == [[n * (n + 1) / 2] * 3] * 2
+    assert out[1].tolist() == [n * (n - 1) / 2]
+    h = hvd.reducescatter_async(tensors[0], op=hvd.Sum, prescale_factor=2.0)
+    assert hvd.synchronize(h).tolist() == [[n * (n + 1)] * 3] * 2
+    h = hvd.grouped_reducescatter_async(tensors)
+    assert hvd.synchronize(h)[1].tolist() == [(n - 1) / 2]
+    with pytest.raises(ValueError, match="only supports AVERAGE and SUM"):
+        hvd.reducescatter(tensors[0], op=hvd.Max)
+    with pytest.raises(ValueError, match="a scalar cannot be scattered"):
+        hvd.reducescatter(torch.tensor(1.0))
+
+
+def test_operations_are_asynchronous():
+    # Nothing can complete before rank 0 enqueues, and it waits first.
+    if hvd.rank() == 0:
+        time.sleep(0.3)
+    handle = hvd.allreduce_async(torch.ones(2), name="async.poll")
+    if hvd.rank() != 0:
+        assert hvd.poll(handle) is False
+    assert hvd.synchronize(handle).tolist() == [1.0, 1.0]
+    assert hvd.synchronize(handle) is None  # unknown (already synchronized)
+    with pytest.raises(ValueError, match="unknown handle"):
+        hvd.poll(handle)
+
+
+def test_duplicate_name_in_flight_is_a_value_error():
+    # The last rank enqueues only after the others tried the duplicate, so theirs is in flight.
+    from mpi4py import MPI
+    last = hvd.rank() == hvd.size() - 1
+    if last:
+        MPI.COMM_WORLD.Barrier()
+    handle = hvd.allreduce_async(torch.ones(2), name="dup")
+    if not last:
+        with pytest.raises(ValueError, match="'allreduce.dup': a tensor with this name is already "
+                                             "in flight"):
+            hvd.allreduce_async(torch.ones(2), name="dup")
+        MPI.COMM_WORLD.Barrier()
+    hvd.synchronize(handle)
+
+
+def test_mismatches_raise_the_same_error_on_every_rank_and_the_job_goes_on():
+    errors = []
+    for make in (lambda: hvd.allreduce(torch.ones(hvd.rank() + 1), name="mm.shape"),
+                 lambda: hvd.allreduce(torch.ones(2, dtype=torch.float32 if hvd.rank() == 0
+                                                  else torch.float64), name="mm.dtype"),
+                 lambda: hvd.broadcast(torch.ones(2), root_rank=hvd.rank() % 2, name="mm.root")):
+        with pytest.raises(hvd.HorovodInternalError) as info:
+            make()
+        assert isinstance(info.value, RuntimeError)
+        errors.append(str(info.value))
+    assert errors[0].startswith("allreduce 'allreduce.mm.shape': mismatched shapes: rank 0 sent [1]")
+    assert errors[1].startswith("allreduce 'allreduce.mm.dtype': mismatched data types")
+    assert "mismatched root ranks" in errors[2] or hvd.size() == 1
+    assert all(e == errors for e in same_on_every_rank(errors))
+    assert hvd.allreduce(torch.ones(2), op=hvd.Sum, name="mm.after").tolist() == [hvd.size()] * 2
+
+
+def test_bad_arguments_are_value_errors_that_say_what_is_supported():
+    with pytest.raises(ValueError, match=r"Tensor type torch.complex64 is not supported by "
+                                         r"allreduce; supported types: torch.uint8"):
+        hvd.allreduce(torch.zeros(2, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="torch.bool is not supported by allreduce"):
+        hvd.allreduce(torch.zeros(2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="not contiguous"):
+        hvd.allreduce_(torch.zeros(3, 4).t())
+    with pytest.raises(ValueError, match="root rank %d is out of range" % hvd.size()):
+        hvd.broadcast(torch.zeros(2), root_rank=hvd.size())
+    with pytest.raises(ValueError, match="Adasum is not supported"):
+        hvd.allreduce(torch.zeros(2), op=hvd.Adasum)
+    for op in (hvd.allreduce, hvd.allgather, hvd.allreduce_async, hvd.reducescatter,
+               lambda t: hvd.broadcast(t, 0), lambda t: hvd.grouped_allreduce([t])):
+        with pytest.raises(TypeError, match="expects a torch.Tensor, got NoneType"):
+            op(None)
+    # Non-contiguous input to an out-of-place op is fine.
+    t = (torch.arange(12.0).reshape(3, 4) * (hvd.rank() + 1)).t()
+    n = hvd.size()
+    assert torch.equal(hvd.allreduce(t, op=hvd.Sum), torch.arange(12.0).reshape(3, 4).t() *
+                       (n * (n + 1) / 2))
+
+
+def test_empty_and_scalar_tensors():
+    assert hvd.allreduce(torch.zeros(0, 3)).shape == (0, 3)
+    assert hvd.allreduce(torch.tensor(float(hvd.rank())), op=hvd.Max).item() == hvd.size() - 1
+    assert hvd.allgather(torch.zeros(0, 2)).shape == (0, 2)
+
+
+def test_sparse_allreduce():
+    n, me = hvd.size(), hvd.rank()
+    dense = torch.zeros(4, 3)
+    dense[me % 4, 1] = me + 1.0
+    handle = hvd.sparse_allreduce_async(dense.to_sparse(), name="sparse", op=hvd.Sum)
+    result = handle().to_dense()
+    want = torch.zeros(4, 3)
+    for r in range(n):
+        want[r % 4, 1] += r + 1.0
+    assert torch.equal(result, want)
+
+
+def test_fp16_compression_keeps_the_dtype():
+    x = torch.full((5,), 0.25 * (hvd.rank() + 1), dtype=torch.float32)
+    out = hvd.allreduce(x, op=hvd.Sum, compression=hvd.Compression.fp16)
+    assert out.dtype == torch.float32
+    n = hvd.size()
+    assert torch.allclose(out, torch.full((5,), 0.25 * n * (n + 1) / 2))
+    ints = hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Sum,
+                         compression=hvd.Compression.fp16)
+    assert ints.dtype == torch.int32 and ints.tolist() == [n, n]
+
+
+def test_join_with_uneven_batches():
+    # Rank r has r + 1 batches; Average divides by the full size; the last rank joins last.
+    n, me = hvd.size(), hvd.rank()
+    for step in range(me + 1):
+        out = hvd.allreduce(torch.full((3,), float(me + 1)), name="join.grad")
+        active = sum(r + 1 for r in range(n) if r + 1 > step)
+        assert out.tolist() == pytest.approx([active / n] * 3)
+    assert hvd.join() == n - 1
+
+
+def test_barrier_and_topology():
+    hvd.barrier()
+    import os
+    assert hvd.size() == int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    assert hvd.rank() == int(os.environ["OMPI_COMM_WORLD_RANK"])
+    assert hvd.local_size() == hvd.size() and hvd.local_rank() == hvd.rank()
+    assert hvd.cross_size() == 1 and hvd.cross_rank() == 0
+    assert hvd.is_initialized()
+    hvd.init()  # idempotent
+    assert hvd.mpi_built() and hvd.mpi_enabled() and hvd.mpi_threads_supported()
+    assert not hvd.gloo_built() and not hvd.gloo_enabled()
+    assert isinstance(hvd.nccl_built(), int)
+    assert (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product) == (0, 1, 2, 3, 4, 5)
+
+
+def test_timeline_start_stop():
+    import json
+    path = "/tmp/hvd_py_timeline_%d.json" % hvd.size()
+    hvd.start_timeline(path, mark_cycles=True)
+    hvd.allreduce(torch.ones(4), name="recorded")
+    hvd.stop_timeline()
+    if hvd.rank() == 0:
+        events = json.load(open(path))
+        names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+        assert "allreduce.recorded" in names
+    if hvd.rank() == 0:  # only rank 0 records, so only rank 0 can fail to open the file
+        with pytest.raises(ValueError, match="cannot open timeline file '/nonexistent-dir/t.json'"):
+            hvd.start_timeline("/nonexistent-dir/t.json")
+    else:
+        hvd.start_timeline("/nonexistent-dir/t.json")
+
+
+def test_exports_match_horovod_torch():
+    expected = """init shutdown is_initialized size rank local_size local_rank cross_size cross_rank
+        mpi_built mpi_enabled mpi_threads_supported gloo_built gloo_enabled nccl_built cuda_built
+        rocm_built ccl_built ddl_built Average Sum Adasum Min Max Product allreduce allreduce_
+        allreduce_async allreduce_async_ grouped_allreduce grouped_allreduce_
+        grouped_allreduce_async grouped_allreduce_async_ sparse_allreduce_async allgather
+        allgather_async grouped_allgather grouped_allgather_async broadcast broadcast_
+        broadcast_async broadcast_async_ alltoall alltoall_async reducescatter reducescatter_async
+        grouped_reducescatter grouped_reducescatter_async poll synchronize join barrier ProcessSet
+        global_process_set add_process_set remove_process_set start_timeline stop_timeline
+        HorovodInternalError Compression broadcast_parameters broadcast_optimizer_state
+        broadcast_object allgather_object DistributedOptimizer SyncBatchNorm""".split()
+    missing = [name for name in expected if not hasattr(hvd, name)]
+    assert not missing
+    assert issubclass(hvd.HorovodInternalError, RuntimeError)
