@@ -76,8 +76,8 @@ def main():
                   % (epoch, args.epochs, mean_loss, accuracy,
                      steps * args.batch_size / elapsed), flush=True)
     if rank == 0:
-        print("final test accuracy: %.4f (%d ranks, %d test images)"
-              % (accuracy, size, len(y_test)), flush=True)
+        print("final test accuracy: %.4f (%d rank%s, %d test images)"
+              % (accuracy, size, "" if size == 1 else "s", len(y_test)), flush=True)
     hvd.shutdown()
 
 

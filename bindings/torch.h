@@ -1,0 +1,189 @@
+// horovod_cpp — Apache-2.0
+#pragma once
+// horovod_cpp's LibTorch C++ API: collectives on torch::Tensor and a DistributedOptimizer,
+// so that `mpirun -np N ./train` trains a C++ model without Python.
+//
+//   hvd::torch::Init();
+//   auto model = std::make_shared<Net>();
+//   hvd::torch::BroadcastParameters(*model, /*root=*/0);
+//   hvd::torch::DistributedOptimizer opt(
+//       std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1)),
+//       model->named_parameters());
+//   ... loss.backward();   // each gradient's allreduce starts as soon as it is computed
+//   opt.step();            // waits for the allreduces, then steps the wrapped optimizer
+//
+// Errors are thrown as hvd::torch::Error (a std::runtime_error) carrying the core's Status.
+// Tensors must be on the CPU (the NCCL backend is separate work); inputs that are not
+// contiguous are copied, in-place operations require contiguous tensors.
+//
+// Threads: like the core, any thread may call these functions; a tensor must not be touched
+// while its operation is in flight.
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/horovod.h"
+
+namespace hvd {
+namespace torch {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const Status& status) : std::runtime_error(status.message()), status_(status) {}
+  const Status& status() const { return status_; }
+
+ private:
+  Status status_;
+};
+
+// Init/Shutdown/Rank/Size of the core, throwing hvd::torch::Error instead of returning Status.
+void Init();
+void Shutdown();
+int Rank();
+int Size();
+int LocalRank();
+int LocalSize();
+
+// The horovod_cpp dtype of a torch dtype (throws for dtypes horovod_cpp cannot move).
+DataType DataTypeOf(c10::ScalarType type);
+
+// ---- collectives ----------------------------------------------------------------------------
+
+struct ReduceOptions {
+  ReduceOp op = ReduceOp::kAverage;
+  double prescale_factor = 1.0;
+  double postscale_factor = 1.0;
+  int32_t process_set_id = kGlobalProcessSetId;
+};
+
+// An operation in flight: Synchronize() waits and returns its result.
+class TorchHandle {
+ public:
+  enum class Kind { kTensor, kOutput, kAlltoall };  // what Synchronize returns
+
+  TorchHandle() = default;
+  bool valid() const { return handle_ != 0; }
+  // True once the operation has completed.
+  bool Poll() const;
+  // Waits; returns the result (alltoall: use SynchronizeAlltoall). Throws on failure.
+  ::torch::Tensor Synchronize();
+  // For alltoall: the result and the rows received from each rank.
+  std::pair<::torch::Tensor, std::vector<int64_t>> SynchronizeAlltoall();
+
+ private:
+  friend struct HandleAccess;
+  Handle handle_ = 0;
+  Kind kind_ = Kind::kTensor;
+  std::vector<::torch::Tensor> keep_alive_;  // inputs and outputs until completion
+  ::torch::Tensor result_;
+};
+
+// Asynchronous forms. The name identifies the tensor across ranks ("" = numbered per process).
+TorchHandle AllreduceAsync(const ::torch::Tensor& tensor, const std::string& name = "",
+                           const ReduceOptions& options = {});
+TorchHandle AllreduceAsync_(::torch::Tensor& tensor, const std::string& name = "",
+                            const ReduceOptions& options = {});
+TorchHandle AllgatherAsync(const ::torch::Tensor& tensor, const std::string& name = "",
+                           int32_t process_set_id = kGlobalProcessSetId);
+TorchHandle BroadcastAsync(const ::torch::Tensor& tensor, int root_rank,
+                           const std::string& name = "",
+                           int32_t process_set_id = kGlobalProcessSetId);
+TorchHandle BroadcastAsync_(::torch::Tensor& tensor, int root_rank, const std::string& name = "",
+                            int32_t process_set_id = kGlobalProcessSetId);
+TorchHandle AlltoallAsync(const ::torch::Tensor& tensor, const std::vector<int64_t>& splits = {},
+                          const std::string& name = "",
+                          int32_t process_set_id = kGlobalProcessSetId);
+TorchHandle ReducescatterAsync(const ::torch::Tensor& tensor, const std::string& name = "",
+                               const ReduceOptions& options = {});
+
+// Blocking forms.
+::torch::Tensor Allreduce(const ::torch::Tensor& tensor, const std::string& name = "",
+                          const ReduceOptions& options = {});
+void Allreduce_(::torch::Tensor& tensor, const std::string& name = "",
+                const ReduceOptions& options = {});
+::torch::Tensor Allgather(const ::torch::Tensor& tensor, const std::string& name = "",
+                          int32_t process_set_id = kGlobalProcessSetId);
+::torch::Tensor Broadcast(const ::torch::Tensor& tensor, int root_rank,
+                          const std::string& name = "",
+                          int32_t process_set_id = kGlobalProcessSetId);
+void Broadcast_(::torch::Tensor& tensor, int root_rank, const std::string& name = "",
+                int32_t process_set_id = kGlobalProcessSetId);
+std::pair<::torch::Tensor, std::vector<int64_t>> Alltoall(
+    const ::torch::Tensor& tensor, const std::vector<int64_t>& splits = {},
+    const std::string& name = "", int32_t process_set_id = kGlobalProcessSetId);
+::torch::Tensor Reducescatter(const ::torch::Tensor& tensor, const std::string& name = "",
+                              const ReduceOptions& options = {});
+
+// ---- training helpers -----------------------------------------------------------------------
+
+// Copies `root_rank`'s parameters and buffers into every rank's module, in place.
+void BroadcastParameters(const ::torch::nn::Module& module, int root_rank);
+// Copies `root_rank`'s optimizer state (per-parameter state and the options of every group,
+// e.g. the learning rate) to every rank.
+void BroadcastOptimizerState(::torch::optim::Optimizer& optimizer, int root_rank);
+
+struct DistributedOptimizerOptions {
+  ReduceOp op = ReduceOp::kAverage;  // Average or Sum
+  int backward_passes_per_step = 1;  // accumulate locally over this many backward passes
+  double gradient_predivide_factor = 1.0;
+  int32_t process_set_id = kGlobalProcessSetId;
+};
+
+// Wraps any torch::optim::Optimizer: every parameter gets a gradient hook that starts the
+// allreduce of its (locally accumulated) gradient as soon as it is computed, so communication
+// overlaps the rest of the backward pass; Step() waits for them and steps the optimizer.
+// Semantics follow horovod.torch.DistributedOptimizer: Synchronize() also submits parameters
+// whose gradient was not computed on this rank (with zeros), so every rank submits the same
+// set; Step() after an explicit Synchronize() warns unless inside SkipSynchronize();
+// ZeroGrad() with allreduces outstanding throws.
+class DistributedOptimizer {
+ public:
+  // `named_parameters`: unique names for every parameter of `optimizer` (module's
+  // named_parameters()); empty gives "allreduce.noname.<group>.<index>".
+  DistributedOptimizer(std::shared_ptr<::torch::optim::Optimizer> optimizer,
+                       const ::torch::OrderedDict<std::string, ::torch::Tensor>& named_parameters =
+                           ::torch::OrderedDict<std::string, ::torch::Tensor>(),
+                       DistributedOptimizerOptions options = {});
+  ~DistributedOptimizer();
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  // Waits for every gradient's allreduce and writes the results into the gradients.
+  void Synchronize();
+  // Synchronizes (unless inside SkipSynchronize) and steps the wrapped optimizer.
+  void Step();
+  void ZeroGrad();
+
+  // While alive, Step() does not synchronize (you called Synchronize() yourself).
+  class SkipSynchronizeGuard {
+   public:
+    explicit SkipSynchronizeGuard(DistributedOptimizer* opt) : opt_(opt) {
+      opt_->should_synchronize_ = false;
+    }
+    ~SkipSynchronizeGuard() { opt_->should_synchronize_ = true; }
+
+   private:
+    DistributedOptimizer* opt_;
+  };
+  SkipSynchronizeGuard SkipSynchronize() { return SkipSynchronizeGuard(this); }
+
+  ::torch::optim::Optimizer& optimizer() { return *optimizer_; }
+
+ private:
+  struct Param;
+  void OnGradient(size_t index, const ::torch::Tensor& grad);
+  void Submit(Param& p, ::torch::Tensor gradient);
+
+  std::shared_ptr<::torch::optim::Optimizer> optimizer_;
+  DistributedOptimizerOptions options_;
+  std::vector<std::unique_ptr<Param>> params_;
+  bool synchronized_ = false;
+  bool should_synchronize_ = true;
+};
+
+}  // namespace torch
+}  // namespace hvd

@@ -1,0 +1,43 @@
+"""Runs a training example on 1 and on 2 ranks and checks the final test accuracy of both: at
+least --min-accuracy, and the same within 0.01 (the examples' global batch does not depend on
+the number of ranks).
+
+usage: check_accuracy.py --min-accuracy A --mpiexec MPIEXEC [--mpiexec-flag F ...] -- PROGRAM...
+"""
+import argparse
+import re
+import subprocess
+import sys
+
+
+def accuracy(args, np):
+    cmd = [args.mpiexec, "-n", str(np)] + args.mpiexec_flag + args.program
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    print("$ " + " ".join(cmd) + "\n" + out.stdout + out.stderr)
+    if out.returncode != 0:
+        sys.exit("check_accuracy: %d-rank run exited %d" % (np, out.returncode))
+    found = re.search(r"final test accuracy: ([0-9.]+) \((\d+) ranks?", out.stdout)
+    if not found or int(found.group(2)) != np:
+        sys.exit("check_accuracy: no final accuracy line for %d ranks" % np)
+    return float(found.group(1))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--min-accuracy", type=float, required=True)
+    parser.add_argument("--mpiexec", required=True)
+    parser.add_argument("--mpiexec-flag", action="append", default=[])
+    parser.add_argument("program", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    if args.program and args.program[0] == "--":
+        args.program = args.program[1:]
+    one, two = accuracy(args, 1), accuracy(args, 2)
+    print("check_accuracy: %.4f on 1 rank, %.4f on 2 ranks" % (one, two))
+    if min(one, two) < args.min_accuracy:
+        sys.exit("check_accuracy: accuracy below %.2f" % args.min_accuracy)
+    if abs(one - two) > 0.01:
+        sys.exit("check_accuracy: 1 and 2 ranks disagree by more than 0.01")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+// horovod_cpp — Apache-2.0
+// The LibTorch C++ API under mpirun (np 2 and 3): collectives on torch::Tensor, the
+// DistributedOptimizer against one process on the full batch (computed here with a plain
+// optimizer), bit-identical parameters on every rank after every step, broadcasts of
+// parameters and optimizer state from a non-zero root, and errors reaching the caller.
+
+#include "bindings/torch.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace ht = hvd::torch;
+using hvd::ReduceOp;
+using hvd::StatusCode;
+using ::torch::Tensor;
+
+int R() { return ht::Rank(); }
+int N() { return ht::Size(); }
+
+TEST(TorchCollectives, MatchIndependentReferences) {
+  const int n = N(), me = R();
+  Tensor x = ::torch::arange(6, ::torch::kDouble).reshape({2, 3}) * (me + 1);
+  Tensor sum = ht::Allreduce(x, "t.sum", {ReduceOp::kSum});
+  EXPECT_TRUE(sum.equal(::torch::arange(6, ::torch::kDouble).reshape({2, 3}) * (n * (n + 1) / 2)));
+  EXPECT_TRUE(x.equal(::torch::arange(6, ::torch::kDouble).reshape({2, 3}) * (me + 1)));
+  Tensor avg = ht::Allreduce(::torch::full({4}, me * 2.0), "t.avg");
+  EXPECT_TRUE(avg.allclose(::torch::full({4}, n - 1.0)));
+  Tensor ints = ::torch::full({3}, me + 1, ::torch::kInt);
+  ht::Allreduce_(ints, "t.max", {ReduceOp::kMax});
+  EXPECT_EQ(ints[2].item<int>(), n);
+
+  Tensor rows = ::torch::full({me + 1, 2}, static_cast<int64_t>(me), ::torch::kLong);
+  Tensor gathered = ht::Allgather(rows, "t.gather");
+  ASSERT_EQ(gathered.size(0), n * (n + 1) / 2);
+  int64_t row = 0;
+  for (int r = 0; r < n; ++r) {
+    for (int i = 0; i <= r; ++i, ++row) EXPECT_EQ(gathered[row][1].item<int64_t>(), r);
+  }
+
+  Tensor b = ::torch::full({3}, static_cast<float>(me));
+  EXPECT_TRUE(ht::Broadcast(b, n - 1, "t.bcast").equal(::torch::full({3}, n - 1.0f)));
+  ht::Broadcast_(b, 0, "t.bcast_");
+  EXPECT_TRUE(b.equal(::torch::zeros({3})));
+
+  // Alltoall: 1 row to every rank, tagged with sender and receiver.
+  Tensor send = ::torch::arange(n, ::torch::kLong) + 100 * me;
+  auto [recv, splits] = ht::Alltoall(send, {}, "t.a2a");
+  EXPECT_EQ(splits, std::vector<int64_t>(n, 1));
+  for (int r = 0; r < n; ++r) EXPECT_EQ(recv[r].item<int64_t>(), 100 * r + me);
+
+  // Reducescatter of 2n + 1 rows: rank 0 keeps 3, the others 2.
+  Tensor rs = ht::Reducescatter(::torch::ones({2 * n + 1, 2}), "t.rs", {ReduceOp::kSum});
+  EXPECT_EQ(rs.size(0), me == 0 ? 3 : 2);
+  EXPECT_TRUE(rs.equal(::torch::full({me == 0 ? 3 : 2, 2}, static_cast<float>(n))));
+
+  ht::TorchHandle h = ht::AllreduceAsync(::torch::ones({2}), "t.async", {ReduceOp::kSum});
+  EXPECT_TRUE(h.Synchronize().equal(::torch::full({2}, static_cast<float>(n))));
+}
+
+// ---- the optimizer against one process on the full batch --------------------------------------
+
+struct MlpImpl : ::torch::nn::Module {
+  MlpImpl()
+      : a(register_module("a", ::torch::nn::Linear(5, 7))),
+        b(register_module("b", ::torch::nn::Linear(7, 3))) {
+    to(::torch::kDouble);
+  }
+  Tensor forward(const Tensor& x) { return b(::torch::tanh(a(x))); }
+  ::torch::nn::Linear a, b;
+};
+TORCH_MODULE(Mlp);
+
+Mlp MakeModel() {
+  ::torch::manual_seed(17);
+  return Mlp();
+}
+
+using MakeOptimizer = std::function<std::shared_ptr<::torch::optim::Optimizer>(Mlp&)>;
+
+// steps x passes batches of n * 4 samples, the same on every rank.
+std::vector<std::vector<std::pair<Tensor, Tensor>>> Batches(int steps, int passes) {
+  ::torch::manual_seed(29);
+  std::vector<std::vector<std::pair<Tensor, Tensor>>> out(steps);
+  for (auto& step : out) {
+    for (int p = 0; p < passes; ++p) {
+      step.push_back({::torch::randn({N() * 4, 5}, ::torch::kDouble),
+                      ::torch::randint(0, 3, {N() * 4}, ::torch::kLong)});
+    }
+  }
+  return out;
+}
+
+Tensor Loss(Mlp& model, const Tensor& x, const Tensor& y) {
+  return ::torch::nll_loss(::torch::log_softmax(model->forward(x), 1), y);
+}
+
+std::vector<Tensor> Flat(Mlp& model) {
+  std::vector<Tensor> out;
+  for (const Tensor& p : model->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+void CheckAgainstOneProcess(const MakeOptimizer& make, int passes) {
+  auto data = Batches(3, passes);
+  // One process, full batch: the gradients of a pass add up, then one step.
+  Mlp ref = MakeModel();
+  auto ref_opt = make(ref);
+  std::vector<std::vector<Tensor>> want;
+  for (auto& step : data) {
+    ref_opt->zero_grad();
+    for (auto& [x, y] : step) Loss(ref, x, y).backward();
+    ref_opt->step();
+    want.push_back(Flat(ref));
+  }
+  // N ranks, each on its quarter-rows shard of every batch.
+  Mlp model = MakeModel();
+  ht::DistributedOptimizerOptions options;
+  options.backward_passes_per_step = passes;
+  ht::DistributedOptimizer opt(make(model), model->named_parameters(), options);
+  const int64_t lo = R() * 4, hi = lo + 4;
+  for (size_t s = 0; s < data.size(); ++s) {
+    opt.ZeroGrad();
+    for (auto& [x, y] : data[s]) Loss(model, x.slice(0, lo, hi), y.slice(0, lo, hi)).backward();
+    opt.Step();
+    std::vector<Tensor> got = Flat(model);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(got[i].allclose(want[s][i], 1e-9, 1e-11)) << "step " << s << " param " << i;
+      // Bit-identical on every rank: gather every rank's copy and compare exactly.
+      Tensor all = ht::Allgather(got[i].reshape({1, -1}),
+                                 "check." + std::to_string(s) + "." + std::to_string(i));
+      for (int r = 0; r < N(); ++r) ASSERT_TRUE(all[r].equal(all[0])) << "rank " << r;
+    }
+  }
+}
+
+TEST(TorchDistributedOptimizer, SgdWithMomentumMatchesOneProcess) {
+  for (int passes : {1, 2}) {
+    CheckAgainstOneProcess(
+        [](Mlp& m) {
+          return std::make_shared<::torch::optim::SGD>(
+              m->parameters(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
+        },
+        passes);
+  }
+}
+
+TEST(TorchDistributedOptimizer, AdamMatchesOneProcess) {
+  for (int passes : {1, 2}) {
+    CheckAgainstOneProcess(
+        [](Mlp& m) {
+          return std::make_shared<::torch::optim::Adam>(m->parameters(),
+                                                        ::torch::optim::AdamOptions(0.01));
+        },
+        passes);
+  }
+}
+
+TEST(TorchDistributedOptimizer, HorovodChecksAndErrors) {
+  Mlp model = MakeModel();
+  auto sgd =
+      std::make_shared<::torch::optim::SGD>(model->parameters(), ::torch::optim::SGDOptions(0.1));
+  ht::DistributedOptimizer opt(sgd, model->named_parameters());
+  Tensor x = ::torch::ones({2, 5}, ::torch::kDouble);
+  model->forward(x).sum().backward();
+  try {
+    opt.ZeroGrad();
+    FAIL() << "ZeroGrad with allreduces outstanding must throw";
+  } catch (const ht::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer.zero_grad() was called after "
+                                         "loss.backward() but before optimizer.step()"),
+              std::string::npos);
+  }
+  // A second backward pass before Step with backward_passes_per_step = 1.
+  EXPECT_THROW(model->forward(x).sum().backward(), std::exception);
+  opt.Step();  // the first pass's allreduces are owed to the other ranks
+  opt.ZeroGrad();
+  ht::DistributedOptimizerOptions bad;
+  bad.backward_passes_per_step = 0;
+  EXPECT_THROW(ht::DistributedOptimizer(sgd, model->named_parameters(), bad), ht::Error);
+}
+
+TEST(TorchDistributedOptimizer, AGradientOnlySomeRanksComputeIsStillReduced) {
+  // Rank 0 uses layer b; the others do not: every rank still submits b's gradient.
+  Mlp model = MakeModel();
+  auto sgd =
+      std::make_shared<::torch::optim::SGD>(model->parameters(), ::torch::optim::SGDOptions(1.0));
+  ht::DistributedOptimizerOptions sum;
+  sum.op = ReduceOp::kSum;
+  ht::DistributedOptimizer opt(sgd, model->named_parameters(), sum);
+  opt.ZeroGrad();
+  Tensor h = ::torch::tanh(model->a(::torch::ones({1, 5}, ::torch::kDouble)));
+  Tensor out = R() == 0 ? model->b(h).sum() : h.sum();
+  out.backward();
+  opt.Synchronize();
+  Tensor rank0 = R() == 0 ? model->b->bias.grad().clone() : ::torch::zeros({3}, ::torch::kDouble);
+  EXPECT_TRUE(model->b->bias.grad().equal(ht::Broadcast(rank0, 0, "expected.bias")));
+  auto guard = opt.SkipSynchronize();
+  opt.Step();
+}
+
+// ---- broadcasts from a non-zero root ------------------------------------------------------------
+
+TEST(TorchBroadcast, ParametersAndOptimizerStateFromANonZeroRoot) {
+  const int root = N() - 1;
+  ::torch::manual_seed(100 + R());  // different weights on every rank
+  Mlp model;
+  auto adam = std::make_shared<::torch::optim::Adam>(
+      model->parameters(), ::torch::optim::AdamOptions(0.001 * (R() + 1)));
+  if (R() == root) {  // only the root has state
+    for (int s = 0; s < 2; ++s) {
+      adam->zero_grad();
+      model->forward(::torch::ones({3, 5}, ::torch::kDouble) * (s + 1)).sum().backward();
+      adam->step();
+    }
+  }
+  ht::BroadcastParameters(*model, root);
+  ht::BroadcastOptimizerState(*adam, root);
+  // Every rank now holds the root's parameters and serializes to the root's exact bytes.
+  for (const Tensor& p : model->parameters()) {
+    Tensor all = ht::Allgather(p.detach().reshape({1, -1}), "");
+    for (int r = 0; r < N(); ++r) ASSERT_TRUE(all[r].equal(all[root]));
+  }
+  // Every rank holds the root's Adam state for every parameter, and the root's options.
+  int64_t index = 0;
+  for (const Tensor& p : model->parameters()) {
+    auto it = adam->state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    ASSERT_NE(it, adam->state().end()) << "no state for parameter " << index;
+    auto& state = static_cast<::torch::optim::AdamParamState&>(*it->second);
+    EXPECT_EQ(state.step(), 2);
+    const std::string tag = "state." + std::to_string(index++);
+    for (const Tensor& t : {state.exp_avg(), state.exp_avg_sq()}) {
+      Tensor all =
+          ht::Allgather(t.reshape({1, -1}), tag + (t.is_same(state.exp_avg()) ? ".m" : ".v"));
+      for (int r = 0; r < N(); ++r) ASSERT_TRUE(all[r].equal(all[root]));
+    }
+  }
+  auto& options = static_cast<::torch::optim::AdamOptions&>(adam->param_groups()[0].options());
+  EXPECT_DOUBLE_EQ(options.lr(), 0.001 * (root + 1));
+  // A different optimizer on this rank is a clear error, not a crash.
+  if (N() > 1) {
+    ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1));
+    if (R() == root) {
+      ht::BroadcastOptimizerState(*adam, root);
+    } else {
+      EXPECT_THROW(ht::BroadcastOptimizerState(sgd, root), ht::Error);
+    }
+  }
+}
+
+TEST(TorchErrors, AMismatchReachesTheCallerAsAnException) {
+  try {
+    ht::Allreduce(::torch::ones({R() + 1}), "t.mismatch");
+    FAIL() << "a shape mismatch must throw";
+  } catch (const ht::Error& e) {
+    EXPECT_EQ(e.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(std::string(e.what()).find("allreduce 't.mismatch': mismatched shapes: rank 0 sent "
+                                         "[1]"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(ht::Allreduce(::torch::ones({2}, ::torch::kComplexFloat)), ht::Error);
+  Tensor t = ::torch::ones({3, 4}).t();
+  EXPECT_THROW(ht::Allreduce_(t), ht::Error);  // in place needs a contiguous tensor
+  // The job goes on.
+  EXPECT_TRUE(ht::Allreduce(::torch::ones({2}), "t.after", {ReduceOp::kSum})
+                  .equal(::torch::full({2}, static_cast<float>(N()))));
+}
+
+}  // namespace
