@@ -50,5 +50,7 @@ setup(
     options={"build": {"build_base": os.path.join("build-python", "setuptools")}},
     python_requires=">=3.8",
     install_requires=["cloudpickle"],
+    extras_require={"spark": ["pyspark>=3.5"]},
+    entry_points={"console_scripts": ["hvdrun = horovod_cpp.runner.launch:main"]},
     zip_safe=False,
 )

@@ -4,12 +4,13 @@
 # watchdog), so a hang fails fast.
 set -euo pipefail
 cd "$(dirname "$0")"
-scripts/install_deps.sh
+scripts/install_deps.sh --spark
 source scripts/mpi_env.sh
 start=$SECONDS
 
-# 1. The Python package, installed into .venv the way users install it.
-scripts/setup_venv.sh
+# 1. The Python package, installed into .venv the way users install it, and pyspark for the
+#    HorovodRunner tests (a real local SparkSession).
+scripts/setup_venv.sh --spark
 
 # 2. The default build (NCCL backend on when CUDA and NCCL are found): every test, the Python
 #    ones included.

@@ -28,35 +28,29 @@ def load_digits(path):
     return images[~test], labels[~test], images[test], labels[test]
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=32, help="global batch size")
-    parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--data", default=DEFAULT_DATA)
-    args = parser.parse_args()
-
+def train(dataset, epochs=20, batch_size=32, lr=0.1, seed=42, log=print):
+    """Trains on ``dataset`` = (x_train, y_train, x_test, y_test) on every rank; rank 0 reports
+    progress through ``log``. Returns the final test accuracy (the same on every rank)."""
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    torch.manual_seed(args.seed)
-    x_train, y_train, x_test, y_test = load_digits(args.data)
+    torch.manual_seed(seed)
+    x_train, y_train, x_test, y_test = dataset
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
-    steps = len(y_train) // args.batch_size
+    steps = len(y_train) // batch_size
     accuracy = 0.0
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(1, epochs + 1):
         start = time.perf_counter()
         model.train()
         order = torch.randperm(len(y_train), generator=torch.Generator().manual_seed(epoch))
         loss_sum = torch.zeros(1)
         for step in range(steps):
-            batch = order[step * args.batch_size:(step + 1) * args.batch_size][rank::size]
+            batch = order[step * batch_size:(step + 1) * batch_size][rank::size]
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x_train[batch]), y_train[batch])
             loss.backward()
@@ -72,13 +66,25 @@ def main():
         mean_loss = hvd.allreduce(loss_sum / steps, name="loss").item()
         accuracy = correct / len(y_test)
         if rank == 0:
-            print("epoch %2d/%d  loss %.4f  test accuracy %.4f  %.0f samples/s"
-                  % (epoch, args.epochs, mean_loss, accuracy,
-                     steps * args.batch_size / elapsed), flush=True)
+            log("epoch %2d/%d  loss %.4f  test accuracy %.4f  %.0f samples/s"
+                % (epoch, epochs, mean_loss, accuracy, steps * batch_size / elapsed))
     if rank == 0:
-        print("final test accuracy: %.4f (%d rank%s, %d test images)"
-              % (accuracy, size, "" if size == 1 else "s", len(y_test)), flush=True)
+        log("final test accuracy: %.4f (%d rank%s, %d test images)"
+            % (accuracy, size, "" if size == 1 else "s", len(y_test)))
     hvd.shutdown()
+    return accuracy
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=32, help="global batch size")
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--data", default=DEFAULT_DATA)
+    args = parser.parse_args()
+    train(load_digits(args.data), epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+          seed=args.seed, log=lambda line: print(line, flush=True))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages horovod_cpp builds on, only if any is missing (idempotent: a
 # machine that has them all pays one dpkg query). Debian 12; run as root or with sudo.
+#   install_deps.sh            build, run and test the core, the C++ and the PyTorch APIs
+#   install_deps.sh --spark    also a Java runtime for pyspark (HorovodRunner), if none is there
 set -euo pipefail
 
 PACKAGES=(
@@ -11,6 +13,10 @@ PACKAGES=(
   libtorch-dev python3-torch python3-numpy                 # LibTorch API, torch layer
   python3-pytest python3-mpi4py python3-cloudpickle        # Python tests
 )
+
+if [[ "${1:-}" == "--spark" ]] && ! command -v java >/dev/null; then
+  PACKAGES+=(openjdk-17-jre-headless)                    # pyspark needs Java 17+
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,0 +1,144 @@
+"""hvdrun: start a horovod_cpp job with mpirun.
+
+    hvdrun -np 4 python train.py
+    hvdrun -np 8 -H server1:4,server2:4 --fusion-threshold-mb 32 python train.py
+    hvdrun -np 2 --verbose --timeline-filename /tmp/t.json ./train --epochs 5
+"""
+import argparse
+import os
+import shlex
+import sys
+
+from horovod_cpp.runner import mpirun
+from horovod_cpp.runner.hosts import HostError, parse_hostfile, parse_hosts
+
+EXIT_USAGE = 2
+EXIT_NO_MPIRUN = 127
+
+
+def _parser():
+    p = argparse.ArgumentParser(
+        prog="hvdrun", allow_abbrev=False,
+        description="Run a horovod_cpp training command on several ranks with mpirun. Output "
+                    "lines are prefixed with [rank]<stdout>: or [rank]<stderr>:, and hvdrun "
+                    "exits with the job's exit code.",
+        epilog="Without -H/--hostfile the ranks run on this machine (more ranks than cores "
+               "oversubscribe automatically). Options after the command belong to the command.")
+    p.add_argument("-np", "--num-proc", dest="np", type=int, required=True, metavar="N",
+                   help="number of ranks")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...",
+                       help="hosts and their slots, e.g. server1:4,server2:4 (no :SLOTS = 1)")
+    where.add_argument("--hostfile", metavar="FILE",
+                       help="file of 'host slots=N' lines")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="allow more ranks than the slots of -H/--hostfile")
+    for knob in mpirun.KNOBS:
+        if knob.parse is None:
+            p.add_argument(knob.flag, action="store_true", help=knob.help)
+        elif knob.env == "HOROVOD_LOG_LEVEL":
+            p.add_argument(knob.flag, choices=mpirun.LOG_LEVELS, help=knob.help)
+        else:
+            p.add_argument(knob.flag, type=_typed(knob), help=knob.help, metavar="VALUE")
+    p.add_argument("--mpi-args", default="", metavar="'ARGS'",
+                   help="extra arguments for mpirun, as one quoted string")
+    p.add_argument("--verbose", action="store_true",
+                   help="print the exact mpirun command before running it")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the mpirun command and exit without running it")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
+    return p
+
+
+def _typed(knob):
+    def parse(text):
+        try:
+            return knob.parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e))
+    parse.__name__ = knob.flag.lstrip("-")
+    return parse
+
+
+def make_command(args, mpirun_path="mpirun", cpu_count=None):
+    """(argv, env) for parsed ``args``; raises ValueError for inconsistent arguments."""
+    if args.np <= 0:
+        raise ValueError("-np must be a positive number of ranks, got %d" % args.np)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ValueError("no command to run (e.g. hvdrun -np 2 python train.py)")
+    hosts = None
+    if args.hosts is not None:
+        hosts = parse_hosts(args.hosts)
+    elif args.hostfile is not None:
+        hosts = parse_hostfile(args.hostfile)
+    if hosts is not None:
+        slots = sum(s for _, s in hosts)
+        if args.np > slots and not args.oversubscribe:
+            raise ValueError("-np %d is more than the %d slots of the given hosts (%s); add "
+                             "slots, or pass --oversubscribe" % (args.np, slots,
+                                                                 ",".join(h for h, _ in hosts)))
+        oversubscribe = args.oversubscribe
+    else:
+        cores = cpu_count or os.cpu_count() or 1
+        oversubscribe = args.oversubscribe or args.np > cores
+    env = {}
+    for knob in mpirun.KNOBS:
+        value = getattr(args, knob.flag.lstrip("-").replace("-", "_"))
+        if value is not None and value is not False:
+            env[knob.env] = knob.to_env(value)
+    # HOROVOD_* already in the environment reach the ranks too (flags win).
+    passthrough = [n for n in sorted(mpirun.horovod_env()) if n not in env]
+    passthrough += [n for n in mpirun.PASSTHROUGH if n in os.environ]
+    try:
+        mpi_args = shlex.split(args.mpi_args)
+    except ValueError as e:
+        raise ValueError("--mpi-args: %s" % e)
+    argv = mpirun.build_command(args.np, command, hosts=hosts, env=env, passthrough=passthrough,
+                                mpi_args=mpi_args, oversubscribe=oversubscribe,
+                                mpirun=mpirun_path)
+    return argv
+
+
+def main(argv=None):
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        command = make_command(args)
+    except (ValueError, HostError) as e:
+        print("hvdrun: error: %s (see hvdrun --help)" % e, file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        command[0] = mpirun.find_mpirun()
+    except mpirun.MpirunNotFound as e:
+        if not args.dry_run:
+            print("hvdrun: %s" % e, file=sys.stderr)
+            return EXIT_NO_MPIRUN
+    if args.verbose or args.dry_run:
+        print("hvdrun: %s" % mpirun.quote(command), file=sys.stderr, flush=True)
+    if args.dry_run:
+        return 0
+
+    def on_line(rank, stream, text):
+        out = sys.stdout if stream == "stdout" else sys.stderr
+        if rank is None:
+            out.write(text + "\n")
+        else:
+            out.write("[%d]<%s>:%s\n" % (rank, stream, text))
+        out.flush()
+
+    launch = mpirun.Launch(command, on_line)
+    mpirun.forward_signals(launch)
+    result = launch.wait()
+    code = result.returncode
+    if code < 0:  # mpirun itself was killed by a signal
+        code = 128 - code
+    if code != 0:
+        print("hvdrun: %s" % result.describe().split("\n", 1)[0], file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""The one place that builds and runs mpirun commands (hvdrun and HorovodRunner both use it).
+
+``build_command`` returns the argv; ``Launch`` runs it, turns Open MPI's ``[1,R]<stdout>:``
+tags into ``[R]<stdout>:`` lines for a callback, keeps the last lines of every rank, and
+explains a failure (which rank, exit code or signal) from mpirun's own report.
+"""
+import collections
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+
+from horovod_cpp.runner import proc
+from horovod_cpp.runner.hosts import hosts_arg
+
+
+# ---- HOROVOD_* knobs as command-line flags --------------------------------------------------
+
+def _number(kind, lo, hi):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError("expected a%s number, got %r"
+                             % ("n integer" if kind is int else "", text))
+        if not lo <= value <= hi:
+            raise ValueError("%s is outside [%s, %s]" % (text, lo, hi))
+        return value
+    return parse
+
+
+Knob = collections.namedtuple("Knob", "flag env parse to_env help")
+
+KNOBS = (
+    Knob("--fusion-threshold-mb", "HOROVOD_FUSION_THRESHOLD", _number(float, 0, 1 << 20),
+         lambda mb: str(int(mb * 1024 * 1024)),
+         "largest fused buffer in MiB; 0 disables fusion (default 128)"),
+    Knob("--cycle-time-ms", "HOROVOD_CYCLE_TIME", _number(float, 0, 60000), repr,
+         "longest wait between negotiation cycles in ms (default 1)"),
+    Knob("--cache-capacity", "HOROVOD_CACHE_CAPACITY", _number(int, 0, 1 << 20), str,
+         "response-cache entries; 0 disables the cache (default 1024)"),
+    Knob("--timeline-filename", "HOROVOD_TIMELINE", str,
+         lambda path: path if path == "DYNAMIC" else os.path.abspath(path),
+         "rank 0 records a Chrome-tracing timeline into this file"),
+    Knob("--timeline-mark-cycles", "HOROVOD_TIMELINE_MARK_CYCLES", None, lambda _: "1",
+         "mark every negotiation cycle in the timeline"),
+    Knob("--stall-check-time-seconds", "HOROVOD_STALL_CHECK_TIME_SECONDS",
+         _number(float, 0, 86400), repr,
+         "report tensors that some ranks have not submitted after this long (default 60; 0 = off)"),
+    Knob("--stall-shutdown-time-seconds", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+         _number(float, 0, 86400), repr,
+         "shut the job down after a stall this long (default 0 = never)"),
+    Knob("--log-level", "HOROVOD_LOG_LEVEL", str, str,
+         "trace, debug, info, warning, error or fatal (default warning)"),
+)
+LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
+
+# Passed to every rank with -x NAME (values from mpirun's own environment) when set.
+PASSTHROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED")
+
+
+def horovod_env(environ=None):
+    """The HOROVOD_* variables of ``environ`` (default os.environ)."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k.startswith("HOROVOD_")}
+
+
+# ---- the command ----------------------------------------------------------------------------
+
+class MpirunNotFound(RuntimeError):
+    pass
+
+
+def find_mpirun():
+    path = shutil.which("mpirun")
+    if path is None:
+        raise MpirunNotFound("mpirun not found on PATH (%s); install Open MPI "
+                             "(Debian: apt-get install openmpi-bin)"
+                             % os.environ.get("PATH", ""))
+    return path
+
+
+def build_command(np, command, hosts=None, env=None, passthrough=(), mpi_args=(),
+                  oversubscribe=False, rsh_agent=None, mpirun="mpirun", as_root=None):
+    """The mpirun argv running ``command`` (a list) on ``np`` ranks.
+
+    hosts: [(name, slots)] or None for this machine. env: {name: value} given to every rank
+    with -x NAME=VALUE; passthrough: names given with -x NAME (value from mpirun's
+    environment, so secrets never appear on a command line). Binding is off and ranks are
+    mapped by slot: each rank runs a training thread and horovod_cpp's background thread, which
+    must not share one core."""
+    if as_root is None:
+        as_root = os.geteuid() == 0
+    argv = [mpirun]
+    if as_root:
+        argv.append("--allow-run-as-root")
+    argv += ["--tag-output", "-np", str(np)]
+    if hosts:
+        argv += ["-H", hosts_arg(hosts)]
+    argv += ["--bind-to", "none", "--map-by", "slot"]
+    if oversubscribe:
+        argv.append("--oversubscribe")
+    if rsh_agent:
+        argv += ["-mca", "plm_rsh_agent", rsh_agent]
+    for name, value in sorted((env or {}).items()):
+        argv += ["-x", "%s=%s" % (name, value)]
+    for name in passthrough:
+        argv += ["-x", name]
+    argv += list(mpi_args)
+    argv += list(command)
+    return argv
+
+
+def quote(argv):
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+# ---- running it -----------------------------------------------------------------------------
+
+_TAG_ANYWHERE = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr)>:")
+_SIGNALED = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on signal "
+                       r"(\d+) \(([^)]*)\)")
+_PROCESS = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]")
+_EXIT_CODE = re.compile(r"Exit code:\s+(\d+)")
+
+
+def split_tagged(line, partial):
+    """The complete lines in one physical line of ``mpirun --tag-output`` output.
+
+    Open MPI tags every chunk a rank writes, not every line, so ranks writing without line
+    buffering give ``[1,2]<stdout>:a[1,2]<stdout>:b[1,1]<stdout>:c`` followed by more. Every
+    chunk but the last is an unfinished line of its rank (kept in ``partial``); the last one
+    ended with the newline and completes its rank's line. Untagged text is mpirun's own
+    (rank None)."""
+    pieces = _TAG_ANYWHERE.split(line)
+    out = []
+    if pieces[0] or len(pieces) == 1:
+        out.append((None, "stderr", pieces[0]))
+    tags = [(int(pieces[i]), pieces[i + 1], pieces[i + 2]) for i in range(1, len(pieces), 3)]
+    for i, (rank, kind, text) in enumerate(tags):
+        text = partial.pop((rank, kind), "") + text
+        if i + 1 < len(tags):
+            partial[(rank, kind)] = text
+        else:
+            out.append((rank, kind, text))
+    return out
+
+
+class Result(object):
+    """How an mpirun run ended: ``returncode``, ``failed_rank`` with ``failure`` ('exit code
+    3' / 'signal 9 (Killed)') when mpirun reported one, ``tails`` {rank: last lines} and
+    ``launcher_tail`` (mpirun's own untagged lines)."""
+
+    def __init__(self, returncode, failed_rank, failure, tails, launcher_tail):
+        self.returncode = returncode
+        self.failed_rank = failed_rank
+        self.failure = failure
+        self.tails = tails
+        self.launcher_tail = launcher_tail
+
+    def describe(self):
+        """One paragraph saying why the job failed, with the failing rank's last lines."""
+        text = "mpirun exited with %s" % proc.describe_exit(self.returncode)
+        if self.failed_rank is not None:
+            text += ": rank %d exited with %s" % (self.failed_rank, self.failure)
+        lines = self.tails.get(self.failed_rank) if self.failed_rank is not None else None
+        if lines:
+            text += "\nlast output of rank %d:\n  %s" % (self.failed_rank, "\n  ".join(lines))
+        elif self.failed_rank is None and self.launcher_tail:
+            text += "\nlast output of mpirun:\n  %s" % "\n  ".join(self.launcher_tail)
+        return text
+
+
+class Launch(object):
+    """Runs an mpirun argv; ``on_line(rank, stream, text)`` gets every rank's line (rank None
+    for mpirun's own). ``wait()`` returns a Result. Call from a thread that outlives the job
+    (the child dies with the thread that started it)."""
+
+    TAIL = 30
+
+    def __init__(self, argv, on_line, env=None, cwd=None):
+        self._on_line = on_line
+        self._tails = collections.defaultdict(lambda: collections.deque(maxlen=self.TAIL))
+        self._launcher = collections.deque(maxlen=self.TAIL)
+        self._lock = threading.Lock()
+        self._failed_rank = None
+        self._failure = None
+        self._pending_process = None
+        self.proc = proc.popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=env, cwd=cwd)
+        self._readers = [threading.Thread(target=self._read, args=(f,), daemon=True,
+                                          name="hvd-mpirun-" + name)
+                         for f, name in ((self.proc.stdout, "out"), (self.proc.stderr, "err"))]
+        for t in self._readers:
+            t.start()
+
+    def _read(self, stream):
+        partial = {}  # (rank, stream) -> text of a line that rank has not finished yet
+        for raw in iter(stream.readline, b""):
+            for rank, kind, text in split_tagged(raw.decode("utf-8", "replace").rstrip("\n"),
+                                                 partial):
+                with self._lock:
+                    if rank is None:
+                        self._launcher.append(text)
+                        self._parse_report(text)
+                    else:
+                        self._tails[rank].append(text)
+                self._on_line(rank, kind, text)
+        stream.close()
+
+    def _parse_report(self, line):
+        if self._failed_rank is not None:
+            return
+        m = _SIGNALED.search(line)
+        if m:
+            self._failed_rank = int(m.group(1))
+            self._failure = "signal %s (%s) on node %s" % (m.group(4), m.group(5), m.group(3))
+            return
+        m = _PROCESS.search(line)
+        if m:
+            self._pending_process = int(m.group(1))
+            return
+        m = _EXIT_CODE.search(line)
+        if m and self._pending_process is not None:
+            self._failed_rank = self._pending_process
+            self._failure = "exit code %s" % m.group(1)
+
+    def terminate(self):
+        proc.stop_group(self.proc)
+
+    def wait(self, timeout=None):
+        try:
+            returncode = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            returncode = proc.stop_group(self.proc)
+        for t in self._readers:
+            t.join(5)
+        # Whatever mpirun left behind in its session goes too.
+        proc.stop_group(self.proc, grace=1.0)
+        with self._lock:
+            return Result(returncode, self._failed_rank, self._failure,
+                          {r: list(t) for r, t in self._tails.items()}, list(self._launcher))
+
+
+def forward_signals(launch):
+    """SIGINT/SIGTERM to this process stop the job (mpirun then stops the ranks)."""
+    def handler(signum, frame):
+        try:
+            os.killpg(launch.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)

@@ -1,0 +1,13 @@
+"""Running horovod_cpp from Spark: ``HorovodRunner(np=N).run(main, **kwargs)`` as in
+Databricks' sparkdl, and ``log_to_driver`` for messages from the ranks."""
+from horovod_cpp.spark.runner import HorovodRunner, HorovodRunnerError, RankError  # noqa: F401
+
+
+def log_to_driver(message):
+    """Sends ``message`` from a rank to the HorovodRunner driver (printed there whatever
+    driver_log_verbosity is; truncated to 4000 characters)."""
+    from horovod_cpp.spark import rank_main
+    rank_main.log_to_driver(message)
+
+
+__all__ = ["HorovodRunner", "HorovodRunnerError", "RankError", "log_to_driver"]

@@ -1,0 +1,78 @@
+"""One HorovodRunner rank (started by mpirun): fetch the pickled function from the driver,
+call it, and report rank 0's return value or this rank's exception with its traceback.
+
+    python -m horovod_cpp.spark.rank_main      (HVD_SPARK_JOB, HVD_SPARK_KEY in the environment)
+"""
+import os
+import sys
+import traceback
+
+import cloudpickle
+
+from horovod_cpp.runner import proc
+from horovod_cpp.spark import network
+
+_job = None  # (address, key, rank) while running under HorovodRunner
+
+
+def _report_error(address, key, rank, exc, text):
+    try:
+        pickled = cloudpickle.dumps(exc)
+        cloudpickle.loads(pickled)
+    except Exception:
+        pickled = None
+    try:
+        network.request(address, key, {"type": "error", "rank": rank,
+                                       "exc_type": type(exc).__name__, "message": str(exc),
+                                       "traceback": text, "exception": pickled})
+    except OSError as e:
+        sys.stderr.write("horovod_cpp: could not report the error to the driver: %s\n" % e)
+    sys.stderr.write(text)
+
+
+def main():
+    proc.watch_parent()  # orted killed: do not linger
+    # Whole lines reach mpirun (it tags chunks, not lines) and the driver sees them promptly.
+    sys.stdout.reconfigure(line_buffering=True)
+    address = os.environ["HVD_SPARK_JOB"]
+    key = bytes.fromhex(os.environ["HVD_SPARK_KEY"])
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    # Run as __main__, this file is not the module log_to_driver imports: set the context there.
+    import horovod_cpp.spark.rank_main as module
+    module._job = (address, key, rank)
+    try:
+        fn, kwargs = cloudpickle.loads(network.request(address, key, {"type": "payload"}))
+        value = fn(**kwargs)
+    except SystemExit:
+        raise
+    except BaseException as e:
+        _report_error(address, key, rank, e, traceback.format_exc())
+        return 1
+    if rank == 0:
+        try:
+            data = cloudpickle.dumps(value)
+        except Exception as e:
+            err = TypeError("the return value of main (%s) is not cloudpickle-serializable: %s"
+                            % (type(value).__name__, e))
+            _report_error(address, key, rank, err, "%s: %s\n" % (type(err).__name__, err))
+            return 1
+        network.request(address, key, {"type": "result", "rank": 0, "value": data})
+    return 0
+
+
+def log_to_driver(message):
+    """Sends ``message`` (truncated to 4000 characters) to the HorovodRunner driver, which
+    prints it whatever driver_log_verbosity is. Outside HorovodRunner it is printed."""
+    text = str(message)[:4000]
+    if _job is None:
+        print(text, flush=True)
+        return
+    address, key, rank = _job
+    try:
+        network.request(address, key, {"type": "log", "rank": rank, "message": text})
+    except OSError as e:
+        sys.stderr.write("horovod_cpp: log_to_driver failed: %s\n" % e)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

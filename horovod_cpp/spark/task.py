@@ -1,0 +1,217 @@
+"""What runs inside each Spark barrier task.
+
+Every task starts a ``TaskService`` that can run one command (Open MPI's orted, sent by the rsh
+agent) in its own process group and stream its output back, then shares its address through
+``BarrierTaskContext.allGather``. Task 0 starts mpirun with one "host" per distinct host hash
+and the rsh agent; all tasks then meet at a final barrier, and every service kills whatever it
+started before the task returns, so nothing outlives the Spark job.
+"""
+import glob
+import hashlib
+import json
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+
+from horovod_cpp.runner import mpirun, proc
+from horovod_cpp.spark import network
+
+RANK_COMMAND = ("-m", "horovod_cpp.spark.rank_main")
+
+
+def host_hash(salt=""):
+    """This machine's name for mpirun -H: tasks with the same hash share one orted. The hash
+    covers the Linux namespaces, so containers on one machine are separate hosts."""
+    name = socket.gethostname().split(".")[0] or "host"
+    h = hashlib.md5(name.encode())
+    for ns in sorted(glob.glob("/proc/self/ns/*")):
+        try:
+            h.update(os.readlink(ns).encode())
+        except OSError:
+            pass
+    h.update(str(salt).encode())
+    safe = "".join(c if c.isalnum() or c == "-" else "-" for c in name)
+    return "%s-%s" % (safe, h.hexdigest()[:12])
+
+
+class TaskService(object):
+    """Runs commands for the rsh agent: {"type": "run", "command": str} starts ``sh -c
+    command`` and answers with {"type": "out", "stream", "data"} frames and a final {"type":
+    "exit", "code"}. If the agent's connection drops, the command's process group is killed."""
+
+    def __init__(self, key):
+        self._key = key
+        self._lock = threading.Lock()
+        self._procs = []
+        self._stopped = False
+        self._service = network.Service(key, self._handle)
+        self.port = self._service.port
+
+    def _handle(self, sock, message):
+        if message.get("type") != "run":
+            network.send(sock, self._key, {"type": "error", "message": "unknown request"})
+            return
+        with self._lock:
+            if self._stopped:
+                return
+            child = proc.popen(["/bin/sh", "-c", message["command"]], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            self._procs.append(child)
+        send_lock = threading.Lock()
+
+        def pump(stream, name):
+            for data in iter(lambda: stream.read1(65536), b""):
+                try:
+                    with send_lock:
+                        network.send(sock, self._key, {"type": "out", "stream": name,
+                                                       "data": data})
+                except OSError:
+                    proc.stop_group(child)
+                    return
+
+        def watch_agent():
+            # The agent never sends more; a closed connection means it is gone.
+            try:
+                sock.recv(1)
+            except OSError:
+                pass
+            if child.poll() is None:
+                proc.stop_group(child)
+
+        pumps = [threading.Thread(target=pump, args=(child.stdout, "stdout"), daemon=True),
+                 threading.Thread(target=pump, args=(child.stderr, "stderr"), daemon=True)]
+        for t in pumps:
+            t.start()
+        threading.Thread(target=watch_agent, daemon=True).start()
+        code = child.wait()  # this thread started the child: it must live as long
+        for t in pumps:
+            t.join(5)
+        try:
+            with send_lock:
+                network.send(sock, self._key, {"type": "exit", "code": code})
+        except OSError:
+            pass
+
+    def stop(self):
+        with self._lock:
+            self._stopped = True
+            procs = list(self._procs)
+        for child in procs:
+            proc.stop_group(child, grace=2.0)
+        self._service.stop()
+
+
+class _Forwarder(object):
+    """Sends the job's output lines to the driver in batches (driver_log_verbosity="all")."""
+
+    def __init__(self, address, key):
+        self._address, self._key = address, key
+        self._queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="hvd-forward")
+        self._thread.start()
+
+    def line(self, rank, stream, text):
+        self._queue.put((rank, stream, text))
+
+    def _run(self):
+        broken = False
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            lines = [item]
+            while len(lines) < 500:
+                try:
+                    nxt = self._queue.get(timeout=0.05)
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._send(lines, broken)
+                    return
+                lines.append(nxt)
+            broken = self._send(lines, broken)
+
+    def _send(self, lines, broken):
+        if broken:
+            return True
+        try:
+            network.request(self._address, self._key, {"type": "output", "lines": lines})
+            return False
+        except OSError as e:
+            sys.stderr.write("horovod_cpp: cannot stream output to the driver: %s\n" % e)
+            return True
+
+    def close(self):
+        self._queue.put(None)
+        self._thread.join(10)
+
+
+def _launch(spec, infos):
+    """Task 0: start the ranks with mpirun and report how it ended to the driver."""
+    order = []
+    table = {}
+    for info in sorted(infos, key=lambda i: i["index"]):
+        if info["host"] not in table:
+            order.append(info["host"])
+            table[info["host"]] = []
+        table[info["host"]].append(info["addr"])
+    hosts = [(h, len(table[h])) for h in order]  # task 0's host first: rank 0 is there
+    key = spec["key"]
+    env = dict(os.environ)
+    env.update({"HVD_SPARK_TASKS": json.dumps(table), "HVD_SPARK_KEY": key.hex(),
+                "HVD_SPARK_JOB": spec["job"]})
+    agent = "%s -m horovod_cpp.spark.rsh_agent" % sys.executable
+    argv = mpirun.build_command(
+        spec["np"], [sys.executable] + list(RANK_COMMAND), hosts=hosts,
+        env=spec["env"],
+        passthrough=["HVD_SPARK_JOB", "HVD_SPARK_KEY"], mpi_args=spec["mpi_args"],
+        rsh_agent=agent, mpirun=mpirun.find_mpirun())
+    sys.stderr.write("horovod_cpp: %s\n" % mpirun.quote(argv))
+    forwarder = _Forwarder(spec["job"], key) if spec["stream"] else None
+
+    def on_line(rank, stream, text):
+        # The executor's log keeps everything; the driver gets it with verbosity "all".
+        sys.stderr.write((text if rank is None else "[%d]<%s>:%s" % (rank, stream, text)) + "\n")
+        if forwarder is not None:
+            forwarder.line(rank, stream, text)
+
+    launch = mpirun.Launch(argv, on_line, env=env)
+    result = launch.wait()
+    if forwarder is not None:
+        forwarder.close()
+    report = {"returncode": result.returncode, "description": result.describe()}
+    network.request(spec["job"], key, {"type": "launcher", "result": report})
+    return report
+
+
+def barrier_task(spec):
+    """The function for rdd.barrier().mapPartitions."""
+
+    def run(_partition):
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        index = ctx.partitionId()
+        service = TaskService(spec["key"])
+        report = None
+        try:
+            ip = ctx.getTaskInfos()[index].address.rpartition(":")[0] or "127.0.0.1"
+            mine = {"index": index, "addr": "%s:%d" % (ip, service.port),
+                    "host": host_hash(index if spec["host_per_task"] else "")}
+            infos = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
+            if index == 0:
+                try:
+                    report = _launch(spec, infos)
+                finally:
+                    ctx.barrier()  # releases the other tasks whatever happened
+            else:
+                ctx.barrier()
+        finally:
+            service.stop()
+        if report is not None:
+            yield report
+
+    return run

@@ -1,0 +1,191 @@
+"""hvdrun: the exact mpirun commands it builds, real runs at 2 and 3 ranks, bad arguments."""
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+HVDRUN = [sys.executable, "-m", "horovod_cpp.runner"]
+
+
+def hvdrun(args, env=None, timeout=120):
+    base = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")}
+    for name in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "LANG"):
+        if name in os.environ:
+            base[name] = os.environ[name]
+    base.update(env or {})
+    return subprocess.run(HVDRUN + args, capture_output=True, text=True, env=base,
+                          timeout=timeout)
+
+
+def printed_command(result):
+    """The argv hvdrun printed (--verbose / --dry-run)."""
+    lines = [line for line in result.stderr.splitlines() if line.startswith("hvdrun: ")]
+    assert lines, result.stderr
+    argv = shlex.split(lines[0][len("hvdrun: "):])
+    assert argv[0] == shutil.which("mpirun")  # the one that runs, found on PATH
+    return ["mpirun"] + argv[1:]
+
+
+# ---- the exact mpirun command ------------------------------------------------------------------
+
+def test_defaults_on_this_machine():
+    r = hvdrun(["-np", "2", "--dry-run", "python", "train.py", "--epochs", "3"])
+    assert r.returncode == 0, r.stderr
+    assert printed_command(r) == (
+        ["mpirun"] + ROOT + ["--tag-output", "-np", "2", "--bind-to", "none", "--map-by",
+                             "slot", "-x", "PATH", "python", "train.py", "--epochs", "3"])
+
+
+def test_every_knob_hosts_and_mpi_args():
+    r = hvdrun(["-np", "4", "-H", "node1:2,node2:2", "--fusion-threshold-mb", "32",
+                "--cycle-time-ms", "0.5", "--cache-capacity", "0",
+                "--timeline-filename", "/tmp/tl.json", "--timeline-mark-cycles",
+                "--stall-check-time-seconds", "5", "--stall-shutdown-time-seconds", "20",
+                "--log-level", "debug", "--mpi-args", "-mca btl tcp,self --report-bindings",
+                "--dry-run", "./train", "--lr", "0.1"],
+               env={"PYTHONPATH": "/opt/lib"})
+    assert r.returncode == 0, r.stderr
+    assert printed_command(r) == (
+        ["mpirun"] + ROOT + [
+            "--tag-output", "-np", "4", "-H", "node1:2,node2:2", "--bind-to", "none",
+            "--map-by", "slot",
+            "-x", "HOROVOD_CACHE_CAPACITY=0",
+            "-x", "HOROVOD_CYCLE_TIME=0.5",
+            "-x", "HOROVOD_FUSION_THRESHOLD=33554432",
+            "-x", "HOROVOD_LOG_LEVEL=debug",
+            "-x", "HOROVOD_STALL_CHECK_TIME_SECONDS=5.0",
+            "-x", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=20.0",
+            "-x", "HOROVOD_TIMELINE=/tmp/tl.json",
+            "-x", "HOROVOD_TIMELINE_MARK_CYCLES=1",
+            "-x", "PATH", "-x", "PYTHONPATH",
+            "-mca", "btl", "tcp,self", "--report-bindings",
+            "./train", "--lr", "0.1"])
+
+
+def test_hostfile_environment_knobs_and_relative_timeline(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# two machines\nalpha slots=3\nbeta   # one slot\n")
+    r = hvdrun(["-np", "4", "--hostfile", str(hostfile), "--timeline-filename", "t.json",
+                "--dry-run", "python", "x.py"],
+               env={"HOROVOD_FUSION_THRESHOLD": "1024", "HOROVOD_CYCLE_TIME": "2"})
+    assert r.returncode == 0, r.stderr
+    cmd = printed_command(r)
+    assert cmd[cmd.index("-H") + 1] == "alpha:3,beta:1"
+    # A flag sets a value; HOROVOD_* from the environment are passed on by name.
+    assert "HOROVOD_TIMELINE=" + os.path.join(os.getcwd(), "t.json") in cmd
+    assert cmd[cmd.index("HOROVOD_CYCLE_TIME") - 1] == "-x"
+    assert "HOROVOD_FUSION_THRESHOLD" in cmd
+    assert "--oversubscribe" not in cmd
+
+
+def test_oversubscription_only_when_needed_or_asked():
+    cores = os.cpu_count()
+    r = hvdrun(["-np", str(cores), "--dry-run", "true"])
+    assert "--oversubscribe" not in printed_command(r)
+    r = hvdrun(["-np", str(cores + 1), "--dry-run", "true"])
+    assert "--oversubscribe" in printed_command(r)
+    r = hvdrun(["-np", "3", "-H", "a:1,b:1", "--oversubscribe", "--dry-run", "true"])
+    assert r.returncode == 0 and "--oversubscribe" in printed_command(r)
+
+
+def test_console_script_is_installed():
+    script = os.path.join(os.path.dirname(sys.executable), "hvdrun")
+    r = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    for flag in ("-np", "--hostfile", "--fusion-threshold-mb", "--cycle-time-ms",
+                 "--cache-capacity", "--timeline-filename", "--timeline-mark-cycles",
+                 "--stall-check-time-seconds", "--stall-shutdown-time-seconds", "--log-level",
+                 "--mpi-args", "--verbose"):
+        assert flag in r.stdout
+
+
+# ---- real runs -----------------------------------------------------------------------------------
+
+PROGRAM = r"""
+import os, sys
+import torch
+import horovod_cpp.torch as hvd
+hvd.init()
+total = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()
+print("rank %d of %d sum %g threshold %s" % (hvd.rank(), hvd.size(), total,
+      os.environ.get("HOROVOD_FUSION_THRESHOLD")))
+print("to stderr from %d" % hvd.rank(), file=sys.stderr)
+hvd.shutdown()
+"""
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_real_run_prefixes_output_and_forwards_knobs(np):
+    r = hvdrun(["-np", str(np), "--verbose", "--fusion-threshold-mb", "1",
+                sys.executable, "-c", PROGRAM])
+    assert r.returncode == 0, r.stdout + r.stderr
+    total = np * (np + 1) / 2
+    for rank in range(np):
+        assert ("[%d]<stdout>:rank %d of %d sum %g threshold 1048576" % (rank, rank, np, total)
+                in r.stdout.splitlines()), r.stdout
+        assert "[%d]<stderr>:to stderr from %d" % (rank, rank) in r.stderr.splitlines()
+    assert re.search(r"^hvdrun: /\S*mpirun --", r.stderr, re.M), r.stderr  # --verbose
+
+
+def test_exit_code_of_the_job():
+    code = "import os, sys; sys.exit(3 if os.environ['OMPI_COMM_WORLD_RANK'] == '1' else 0)"
+    r = hvdrun(["-np", "2", sys.executable, "-c", code])
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "hvdrun: mpirun exited with exit code 3" in r.stderr
+
+
+def test_a_rank_killed_by_a_signal():
+    code = ("import os, signal, time\n"
+            "if os.environ['OMPI_COMM_WORLD_RANK'] == '1': os.kill(os.getpid(), signal.SIGKILL)\n"
+            "time.sleep(30)")
+    r = hvdrun(["-np", "2", sys.executable, "-c", code])
+    assert r.returncode == 128 + 9, r.stdout + r.stderr
+    assert re.search(r"rank 1 exited with signal 9", r.stderr), r.stderr
+
+
+def test_mpirun_missing():
+    empty = os.path.dirname(os.path.abspath(__file__))  # a directory without mpirun
+    r = subprocess.run(HVDRUN + ["-np", "2", "true"], capture_output=True, text=True,
+                       env={"PATH": empty}, timeout=60)
+    assert r.returncode == 127
+    assert "mpirun not found on PATH" in r.stderr
+
+
+# ---- bad arguments -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, message", [
+    (["-np", "0", "true"], "-np must be a positive number of ranks, got 0"),
+    (["-np", "-2", "true"], "-np must be a positive number of ranks, got -2"),
+    (["-np", "5", "-H", "a:2,b:2", "true"], "-np 5 is more than the 4 slots of the given hosts"),
+    (["-np", "2", "-H", "a:x", "true"], "slots of 'a:x' must be a positive integer"),
+    (["-np", "2", "-H", "a:0", "true"], "host a has 0 slots"),
+    (["-np", "2", "-H", "a:1,,b:1", "true"], "empty host entry"),
+    (["-np", "2", "-H", "a:1,a:1", "true"], "host a is listed twice"),
+    (["-np", "2", "-H", "bad/name:1", "true"], "is not a host name"),
+    (["-np", "2", "--hostfile", "/nonexistent/hosts", "true"], "No such file or directory"),
+    (["-np", "2"], "no command to run"),
+    (["-np", "2", "--cycle-time-ms", "-1", "true"], "-1 is outside [0, 60000]"),
+    (["-np", "2", "--cache-capacity", "many", "true"], "expected an integer"),
+    (["-np", "2", "--log-level", "loud", "true"], "invalid choice: 'loud'"),
+    (["-np", "2", "--mpi-args", "'unclosed", "true"], "--mpi-args: No closing quotation"),
+    (["true"], "the following arguments are required: -np"),
+])
+def test_bad_arguments_exit_2(args, message):
+    r = hvdrun(args)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_hostfile_line(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("alpha slots=2\nbeta cores=4\n")
+    r = hvdrun(["-np", "2", "--hostfile", str(hostfile), "true"])
+    assert r.returncode == 2
+    assert "line 2: expected 'host slots=N', got 'beta cores=4'" in r.stderr
+

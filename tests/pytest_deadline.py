@@ -1,0 +1,66 @@
+"""A per-test deadline for our pytest suites (pytest-timeout is not in Debian, and a fresh
+machine may not reach PyPI): a test still running after ``HVD_TEST_TIMEOUT`` seconds (default
+90) prints every thread's stack, kills the processes it started (and theirs) and ends the
+process with exit code 3, so a hang fails fast instead of eating the CI budget.
+
+Use from a conftest.py:  ``from pytest_deadline import deadline  # noqa: F401``
+"""
+import faulthandler
+import os
+import signal
+import sys
+import threading
+
+import pytest
+
+TEST_TIMEOUT = float(os.environ.get("HVD_TEST_TIMEOUT", "90"))
+
+
+def descendants(root):
+    """Every live process below ``root`` (from /proc)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def deadline(request):
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    limit = TEST_TIMEOUT
+    marker = request.node.get_closest_marker("deadline")
+    if marker is not None:
+        limit = float(marker.args[0])
+
+    def expire():
+        if capture is not None:
+            capture.suspend_global_capture(in_=True)  # so the report reaches the terminal
+        sys.stderr.write("\n[rank %s] %s did not finish within %.0f s; stacks:\n"
+                         % (os.environ.get("OMPI_COMM_WORLD_RANK", "-"), request.node.nodeid,
+                            limit))
+        faulthandler.dump_traceback(all_threads=True)
+        sys.stderr.flush()
+        for pid in descendants(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os._exit(3)
+
+    timer = threading.Timer(limit, expire)
+    timer.daemon = True
+    timer.start()
+    yield
+    timer.cancel()
