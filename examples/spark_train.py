@@ -25,6 +25,8 @@ def main():
 
     # Spark's Python workers must be this interpreter (it has torch and horovod_cpp).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if args.master is None:  # a local session on loopback, whatever the hostname resolves to
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     from horovod_cpp.spark import HorovodRunner, log_to_driver

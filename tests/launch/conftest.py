@@ -61,6 +61,9 @@ def no_stray_processes():
 def spark():
     """A real local SparkSession with 4 task slots (barrier mode needs a slot per rank)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable  # the workers need torch and horovod_cpp
+    # A local session on loopback: Spark then never resolves this machine's hostname (which a
+    # minimal machine or container may not be able to).
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     session = (SparkSession.builder.appName("horovod_cpp tests").master("local[4]")
