@@ -44,8 +44,16 @@ using detail::R;
 
 namespace {
 
+// Topology and process-set membership are facts fixed at Init: they stay answerable after a
+// peer's shutdown ended the loop, until this rank calls Shutdown itself. A script that prints
+// hvd.rank() after its last collective must not fail because another rank finished first.
+Status CheckStarted() {
+  if (!R().started.load()) return CheckRunning();
+  return Status::OK();
+}
+
 Result<int> TopologyField(int ops::Topology::*field) {
-  HVD_RETURN_IF_ERROR(CheckRunning());
+  HVD_RETURN_IF_ERROR(CheckStarted());
   return R().loop.topology().*field;
 }
 
@@ -67,6 +75,9 @@ Status Init(const InitOptions& options) {
   rt.dynamic_process_sets = config.dynamic_process_sets;
   rt.queue.Reset();
   rt.counters.Reset();
+  // Every rank starts again together, so default names ("allreduce.noname.<n>") restart too:
+  // an op that failed on one rank while the runtime was down must not shift its sequence.
+  for (auto& n : rt.noname) n = 0;
   HVD_RETURN_IF_ERROR(rt.loop.Start(config, options, ops::CreateMpiBackend()));
   rt.started = true;
   static std::once_flag atexit_once;
@@ -93,17 +104,17 @@ Result<int> CrossRank() { return TopologyField(&ops::Topology::cross_rank); }
 Result<int> CrossSize() { return TopologyField(&ops::Topology::cross_size); }
 
 Result<bool> MpiThreadsSupported() {
-  HVD_RETURN_IF_ERROR(CheckRunning());
+  HVD_RETURN_IF_ERROR(CheckStarted());
   return R().loop.topology().threads_multiple;
 }
 
 Result<ProcessSetInfo> GetProcessSet(int32_t id) {
-  HVD_RETURN_IF_ERROR(CheckRunning());
+  HVD_RETURN_IF_ERROR(CheckStarted());
   return R().sets.Get(id);
 }
 
 Result<std::vector<int32_t>> ProcessSetIds() {
-  HVD_RETURN_IF_ERROR(CheckRunning());
+  HVD_RETURN_IF_ERROR(CheckStarted());
   return R().sets.Ids();
 }
 
@@ -129,7 +140,7 @@ Status Wait(Handle handle) { return R().handles.Wait(handle); }
 Result<std::vector<Output>> WaitOutputs(Handle handle) { return R().handles.WaitOutputs(handle); }
 
 Result<Stats> GetStats() {
-  if (!R().started.load()) return CheckRunning();
+  HVD_RETURN_IF_ERROR(CheckStarted());
   return R().counters.Snapshot();
 }
 

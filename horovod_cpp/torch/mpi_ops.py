@@ -67,6 +67,11 @@ def init(comm=None, process_sets=None):
             if not isinstance(ps, ProcessSet):
                 raise ValueError("process_sets must be a list of hvd.ProcessSet (or \"dynamic\")")
         ranks = [ps.ranks for ps in process_sets]
+    if not _core.is_initialized():
+        # Every rank starts again together: default names restart with the runtime, so a call
+        # that failed on one rank while it was down cannot shift that rank's sequence.
+        with _noname_lock:
+            _noname.clear()
     _core.init(ranks)
     global _atexit_registered
     if not _atexit_registered:

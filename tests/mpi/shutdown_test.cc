@@ -50,6 +50,12 @@ TEST(Shutdown, OneRankStopsEveryRankAndPendingHandlesFailOnce) {
     EXPECT_EQ(later.status().code(), StatusCode::kAborted);
     EXPECT_NE(later.status().message().find("shutdown requested by rank 0"), std::string::npos);
     EXPECT_FALSE(IsInitialized());
+    // What was fixed at Init stays answerable until this rank shuts down itself.
+    ASSERT_TRUE(Rank().ok());
+    EXPECT_EQ(*Rank(), rank);
+    EXPECT_EQ(*Size(), size);
+    ASSERT_TRUE(GetProcessSet(0).ok());
+    EXPECT_EQ(GetProcessSet(0)->size, size);
     ASSERT_TRUE(Shutdown().ok());
   }
   EXPECT_FALSE(Rank().ok());
