@@ -124,6 +124,7 @@ void BackgroundLoop::ThreadMain() {
 Status BackgroundLoop::SyncConfig() {
   wire::Writer w;
   w.I64(config_.fusion_threshold_bytes);
+  w.I64(config_.collective_chunk_bytes);
   w.I64(config_.cache_capacity);
   w.F64(config_.cycle_time_ms);
   w.F64(config_.stall_check_time_seconds);
@@ -133,17 +134,21 @@ Status BackgroundLoop::SyncConfig() {
   wire::Reader rd(bytes.data(), bytes.size());
   Config agreed = config_;
   HVD_RETURN_IF_ERROR(rd.I64(&agreed.fusion_threshold_bytes, "fusion threshold"));
+  HVD_RETURN_IF_ERROR(rd.I64(&agreed.collective_chunk_bytes, "collective chunk size"));
   HVD_RETURN_IF_ERROR(rd.I64(&agreed.cache_capacity, "cache capacity"));
   HVD_RETURN_IF_ERROR(rd.F64(&agreed.cycle_time_ms, "cycle time"));
   HVD_RETURN_IF_ERROR(rd.F64(&agreed.stall_check_time_seconds, "stall check time"));
   HVD_RETURN_IF_ERROR(rd.F64(&agreed.stall_shutdown_time_seconds, "stall shutdown time"));
   if (agreed.fusion_threshold_bytes != config_.fusion_threshold_bytes ||
+      agreed.collective_chunk_bytes != config_.collective_chunk_bytes ||
       agreed.cache_capacity != config_.cache_capacity ||
       agreed.cycle_time_ms != config_.cycle_time_ms) {
-    HVD_LOG(WARNING) << "this rank's HOROVOD_FUSION_THRESHOLD/HOROVOD_CACHE_CAPACITY/"
-                        "HOROVOD_CYCLE_TIME differ from rank 0's; using rank 0's values ("
-                     << agreed.fusion_threshold_bytes << " bytes, " << agreed.cache_capacity
-                     << " entries, " << agreed.cycle_time_ms << " ms)";
+    HVD_LOG(WARNING) << "this rank's HOROVOD_FUSION_THRESHOLD/HOROVOD_COLLECTIVE_CHUNK_BYTES/"
+                        "HOROVOD_CACHE_CAPACITY/HOROVOD_CYCLE_TIME differ from rank 0's; using "
+                        "rank 0's values ("
+                     << agreed.fusion_threshold_bytes << " bytes, " << agreed.collective_chunk_bytes
+                     << " bytes, " << agreed.cache_capacity << " entries, " << agreed.cycle_time_ms
+                     << " ms)";
   }
   config_ = agreed;
   return Status::OK();
@@ -184,7 +189,8 @@ Status BackgroundLoop::CreateStaticProcessSets() {
 
 Status BackgroundLoop::Loop() {
   Controller controller(backend_.get(), config_, sets_, counters_, timeline_.get());
-  OpExecutor executor(backend_.get(), sets_, counters_, timeline_.get());
+  OpExecutor executor(backend_.get(), sets_, counters_, timeline_.get(),
+                      config_.collective_chunk_bytes);
   const auto cycle_time = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
   size_t outstanding = 0;

@@ -103,6 +103,12 @@ const std::vector<Knob>& Knobs() {
         "into one collective up to this size."},
        HVD_ASSIGN_FIELD(fusion_threshold_bytes,
                         ParseInt(name, value, 0, kMaxFusionBytes, "bytes"))},
+      {{"HOROVOD_COLLECTIVE_CHUNK_BYTES", "bytes", "1048576 (1 MiB)", "0 .. 2^40; 0 = one call",
+        "Largest single collective call on a host buffer. Bigger tensors and fused buffers are "
+        "reduced chunk by chunk (copy in, reduce, copy out while in cache); tensors at least "
+        "this big skip the fusion buffer."},
+       HVD_ASSIGN_FIELD(collective_chunk_bytes,
+                        ParseInt(name, value, 0, kMaxFusionBytes, "bytes"))},
       {{"HOROVOD_CYCLE_TIME", "milliseconds", "1", "0 .. 60000, fractional allowed",
         "Longest wait between negotiation cycles while work is outstanding. Enqueueing work "
         "wakes the background thread at once."},

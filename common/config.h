@@ -23,6 +23,11 @@ enum class LogLevel : int { kTrace = 0, kDebug, kInfo, kWarning, kError, kFatal 
 struct Config {
   // Largest fused buffer, in bytes. 0 disables fusion (every tensor is reduced on its own).
   int64_t fusion_threshold_bytes = int64_t{128} << 20;
+  // Largest single collective call on a host buffer, in bytes: a bigger tensor or fused buffer
+  // is reduced in chunks of this size, each copied in, reduced and copied out while it is
+  // still in cache (one huge MPI call is much slower here, see docs/design.md). Tensors at
+  // least this big are reduced in place instead of through the fusion buffer. 0: one call.
+  int64_t collective_chunk_bytes = int64_t{1} << 20;
   // Longest the background thread waits between negotiation cycles while work is outstanding,
   // in milliseconds. It wakes at once when work is enqueued, so this bounds latency only for
   // ranks that have nothing new to say.

@@ -40,16 +40,35 @@ void Copy(void* dst, const void* src, int64_t bytes) {
 void OpExecutor::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
 OpExecutor::OpExecutor(ops::Backend* backend, const ProcessSetTable* sets, Counters* counters,
-                       timeline::Timeline* timeline)
-    : backend_(backend), sets_(sets), counters_(counters), timeline_(timeline) {}
+                       timeline::Timeline* timeline, int64_t chunk_bytes)
+    : backend_(backend),
+      sets_(sets),
+      counters_(counters),
+      timeline_(timeline),
+      chunk_bytes_(chunk_bytes) {}
 
-OpExecutor::Activity::Activity(const OpExecutor* ex, const char* activity)
+OpExecutor::Activity::Activity(const OpExecutor* ex, const char* activity, size_t first,
+                               size_t last)
     : ex_(ex->rows_ != nullptr && ex->timeline_ != nullptr ? ex : nullptr) {
-  if (ex_) ex_->timeline_->Begin(*ex_->rows_, activity);
+  if (!ex_) return;
+  const std::vector<int32_t>& all = *ex_->rows_;
+  last = std::min(last, all.size());
+  if (first >= last) {
+    ex_ = nullptr;
+    return;
+  }
+  rows_.assign(all.begin() + static_cast<std::ptrdiff_t>(first),
+               all.begin() + static_cast<std::ptrdiff_t>(last));
+  ex_->timeline_->Begin(rows_, activity);
 }
 
 OpExecutor::Activity::~Activity() {
-  if (ex_) ex_->timeline_->End(*ex_->rows_);
+  if (ex_) ex_->timeline_->End(rows_);
+}
+
+int64_t OpExecutor::ChunkElements(DataType dtype) const {
+  if (chunk_bytes_ <= 0) return INT64_MAX;
+  return std::max<int64_t>(1, chunk_bytes_ / DataTypeSize(dtype));
 }
 
 uint8_t* OpExecutor::Buffer(int which, int64_t bytes) {
@@ -107,66 +126,113 @@ void OpExecutor::FinishReduction(const Response& r, const Set& set, void* buf, i
   ops::ScaleBuffer(buf, n, r.dtype, r.postscale_factor);
 }
 
+// Tensors of at least one chunk are reduced where they live, so only small tensors pay for
+// the fusion copies; the fusion buffer is then reduced chunk by chunk, each chunk copied in,
+// reduced and copied out while it is still in cache. The call sequence depends only on the
+// agreed sizes, so every rank (joined ones included) issues the same collectives.
 Status OpExecutor::ExecuteAllreduce(const Response& r, const Set& set,
                                     std::vector<TensorTableEntry>& entries) {
-  const DataType dtype = r.dtype;
-  const int64_t elem = DataTypeSize(dtype);
   const ReduceOp op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
-  const int32_t ps = r.process_set_id;
+  const int64_t chunk = ChunkElements(r.dtype);
+  std::vector<size_t> packed;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const int64_t n = r.tensor_sizes[i];
+    if (n == 0) continue;
+    if (entries.size() == 1 || n >= chunk) {
+      HVD_RETURN_IF_ERROR(ReduceDirect(r, set, i, entries[i], n, op));
+    } else {
+      packed.push_back(i);
+    }
+  }
+  if (packed.empty()) return Status::OK();
+  return ReducePacked(r, set, packed, entries, op);
+}
 
-  if (entries.size() == 1) {
-    TensorTableEntry& e = entries.front();
-    const int64_t n = r.tensor_sizes.front();
-    if (n == 0) return Status::OK();
-    counters_->allreduce_calls.fetch_add(1, std::memory_order_relaxed);
-    auto scope = Collective(OpType::kAllreduce);
-    if (e.input.data == nullptr) {  // joined: contribute zeros, keep nothing
-      uint8_t* zeros = Buffer(1, n * elem);
-      std::memset(zeros, 0, static_cast<size_t>(n * elem));
-      return backend_->Allreduce(ps, nullptr, zeros, n, dtype, op);
+Status OpExecutor::ReduceDirect(const Response& r, const Set& set, size_t index,
+                                TensorTableEntry& e, int64_t n, ReduceOp op) {
+  const DataType dtype = r.dtype;
+  const int64_t elem = DataTypeSize(dtype), chunk = ChunkElements(dtype);
+  if (e.input.data == nullptr) {  // joined: contribute zeros, keep nothing
+    const int64_t len = std::min(n, chunk);
+    uint8_t* zeros = Buffer(1, len * elem);
+    for (int64_t off = 0; off < n; off += chunk) {
+      const int64_t m = std::min(chunk, n - off);
+      std::memset(zeros, 0, static_cast<size_t>(m * elem));
+      counters_->allreduce_calls.fetch_add(1, std::memory_order_relaxed);
+      auto scope = Collective(OpType::kAllreduce, index, index + 1);
+      HVD_RETURN_IF_ERROR(backend_->Allreduce(r.process_set_id, nullptr, zeros, m, dtype, op));
     }
-    const bool aliased = e.input.data == e.output.data;
-    const void* send = aliased ? nullptr : e.input.data;
-    if (r.prescale_factor != 1.0) {
-      // Scale a copy, never the caller's input.
-      if (!aliased) Copy(e.output.data, e.input.data, n * elem);
-      ops::ScaleBuffer(e.output.data, n, dtype, r.prescale_factor);
-      send = nullptr;
-    }
-    HVD_RETURN_IF_ERROR(backend_->Allreduce(ps, send, e.output.data, n, dtype, op));
-    FinishReduction(r, set, e.output.data, n);
     return Status::OK();
   }
-
-  const int64_t total = std::accumulate(r.tensor_sizes.begin(), r.tensor_sizes.end(), int64_t{0});
-  if (total == 0) return Status::OK();
-  uint8_t* buf = Buffer(0, total * elem);
-  {
-    auto scope = CopyIn();
-    int64_t offset = 0;
-    for (size_t i = 0; i < entries.size(); ++i) {
-      const int64_t bytes = r.tensor_sizes[i] * elem;
-      if (entries[i].input.data == nullptr) {
-        std::memset(buf + offset, 0, static_cast<size_t>(bytes));
-      } else {
-        Copy(buf + offset, entries[i].input.data, bytes);
-      }
-      offset += bytes;
+  auto* in = static_cast<const uint8_t*>(e.input.data);
+  auto* out = static_cast<uint8_t*>(e.output.data);
+  const bool aliased = in == out;
+  // With a prescale, a copy is scaled and reduced in place: never the caller's input.
+  const bool scale = r.prescale_factor != 1.0;
+  for (int64_t off = 0; off < n; off += chunk) {
+    const int64_t m = std::min(chunk, n - off);
+    const int64_t at = off * elem;
+    if (scale) {
+      if (!aliased) Copy(out + at, in + at, m * elem);
+      ops::ScaleBuffer(out + at, m, dtype, r.prescale_factor);
     }
-    ops::ScaleBuffer(buf, total, dtype, r.prescale_factor);
+    counters_->allreduce_calls.fetch_add(1, std::memory_order_relaxed);
+    {
+      auto scope = Collective(OpType::kAllreduce, index, index + 1);
+      HVD_RETURN_IF_ERROR(backend_->Allreduce(
+          r.process_set_id, aliased || scale ? nullptr : in + at, out + at, m, dtype, op));
+    }
+    FinishReduction(r, set, out + at, m);
   }
-  counters_->allreduce_calls.fetch_add(1, std::memory_order_relaxed);
-  {
-    auto scope = Collective(OpType::kAllreduce);
-    HVD_RETURN_IF_ERROR(backend_->Allreduce(ps, nullptr, buf, total, dtype, op));
-  }
-  auto scope = CopyOut();
-  FinishReduction(r, set, buf, total);
-  int64_t offset = 0;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const int64_t bytes = r.tensor_sizes[i] * elem;
-    if (entries[i].output.data != nullptr) Copy(entries[i].output.data, buf + offset, bytes);
-    offset += bytes;
+  return Status::OK();
+}
+
+Status OpExecutor::ReducePacked(const Response& r, const Set& set,
+                                const std::vector<size_t>& packed,
+                                std::vector<TensorTableEntry>& entries, ReduceOp op) {
+  const DataType dtype = r.dtype;
+  const int64_t elem = DataTypeSize(dtype), chunk = ChunkElements(dtype);
+  std::vector<int64_t> start(packed.size() + 1, 0);  // element offsets in the packed buffer
+  for (size_t k = 0; k < packed.size(); ++k) start[k + 1] = start[k] + r.tensor_sizes[packed[k]];
+  const int64_t total = start.back();
+  uint8_t* buf = Buffer(0, std::min(total, chunk) * elem);
+  size_t first = 0;  // first packed tensor overlapping the current chunk
+  for (int64_t lo = 0; lo < total; lo += chunk) {
+    const int64_t hi = std::min(total, lo + chunk);
+    while (start[first + 1] <= lo) ++first;
+    size_t last = first;  // one past the last packed tensor overlapping [lo, hi)
+    while (last < packed.size() && start[last] < hi) ++last;
+    // Timeline rows: the response's tensors packed[first] .. packed[last - 1].
+    const size_t row_lo = packed[first], row_hi = packed[last - 1] + 1;
+    {
+      auto scope = CopyIn(row_lo, row_hi);
+      for (size_t k = first; k < last; ++k) {
+        const int64_t a = std::max(lo, start[k]), b = std::min(hi, start[k + 1]);
+        const TensorTableEntry& e = entries[packed[k]];
+        uint8_t* dst = buf + (a - lo) * elem;
+        if (e.input.data == nullptr) {
+          std::memset(dst, 0, static_cast<size_t>((b - a) * elem));
+        } else {
+          Copy(dst, static_cast<const uint8_t*>(e.input.data) + (a - start[k]) * elem,
+               (b - a) * elem);
+        }
+      }
+      ops::ScaleBuffer(buf, hi - lo, dtype, r.prescale_factor);
+    }
+    counters_->allreduce_calls.fetch_add(1, std::memory_order_relaxed);
+    {
+      auto scope = Collective(OpType::kAllreduce, row_lo, row_hi);
+      HVD_RETURN_IF_ERROR(backend_->Allreduce(r.process_set_id, nullptr, buf, hi - lo, dtype, op));
+    }
+    auto scope = CopyOut(row_lo, row_hi);
+    FinishReduction(r, set, buf, hi - lo);
+    for (size_t k = first; k < last; ++k) {
+      const int64_t a = std::max(lo, start[k]), b = std::min(hi, start[k + 1]);
+      const TensorTableEntry& e = entries[packed[k]];
+      if (e.output.data == nullptr) continue;
+      Copy(static_cast<uint8_t*>(e.output.data) + (a - start[k]) * elem, buf + (a - lo) * elem,
+           (b - a) * elem);
+    }
   }
   return Status::OK();
 }

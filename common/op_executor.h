@@ -35,9 +35,10 @@ namespace hvd {
 
 class OpExecutor {
  public:
-  // `timeline` is null except on the rank that records one.
+  // `timeline` is null except on the rank that records one. `chunk_bytes` bounds each
+  // collective call on a host buffer (Config::collective_chunk_bytes; 0 = no bound).
   OpExecutor(ops::Backend* backend, const ProcessSetTable* sets, Counters* counters,
-             timeline::Timeline* timeline);
+             timeline::Timeline* timeline, int64_t chunk_bytes = 0);
   OpExecutor(const OpExecutor&) = delete;
   OpExecutor& operator=(const OpExecutor&) = delete;
 
@@ -65,20 +66,37 @@ class OpExecutor {
   Status ExecuteAlltoall(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
   Status ExecuteReducescatter(const Response& r, const Set& set,
                               std::vector<TensorTableEntry>& entries);
-  // Records `activity` on the current rows for the lifetime of the returned scope.
+  // Records `activity` for the lifetime of the returned scope on the rows of the response's
+  // tensors [first, last) (default: all of them).
   class Activity {
    public:
-    Activity(const OpExecutor* ex, const char* activity);
+    Activity(const OpExecutor* ex, const char* activity, size_t first = 0, size_t last = SIZE_MAX);
     ~Activity();
     Activity(const Activity&) = delete;
     Activity& operator=(const Activity&) = delete;
 
    private:
     const OpExecutor* ex_;
+    std::vector<int32_t> rows_;
   };
-  Activity CopyIn() const { return Activity(this, "MEMCPY_IN_FUSION_BUFFER"); }
-  Activity CopyOut() const { return Activity(this, "MEMCPY_OUT_FUSION_BUFFER"); }
-  Activity Collective(OpType type) const { return Activity(this, backend_->ActivityName(type)); }
+  Activity CopyIn(size_t first = 0, size_t last = SIZE_MAX) const {
+    return Activity(this, "MEMCPY_IN_FUSION_BUFFER", first, last);
+  }
+  Activity CopyOut(size_t first = 0, size_t last = SIZE_MAX) const {
+    return Activity(this, "MEMCPY_OUT_FUSION_BUFFER", first, last);
+  }
+  Activity Collective(OpType type, size_t first = 0, size_t last = SIZE_MAX) const {
+    return Activity(this, backend_->ActivityName(type), first, last);
+  }
+
+  // Allreduce of entry `index` where it lives (no fusion buffer), chunk by chunk.
+  Status ReduceDirect(const Response& r, const Set& set, size_t index, TensorTableEntry& e,
+                      int64_t n, ReduceOp op);
+  // Allreduce of the entries `packed` through the fusion buffer, chunk by chunk.
+  Status ReducePacked(const Response& r, const Set& set, const std::vector<size_t>& packed,
+                      std::vector<TensorTableEntry>& entries, ReduceOp op);
+  // Elements per collective call for `dtype`.
+  int64_t ChunkElements(DataType dtype) const;
 
   // Average's division by the set size, then the postscale.
   static void FinishReduction(const Response& r, const Set& set, void* buf, int64_t n);
@@ -91,6 +109,7 @@ class OpExecutor {
   const ProcessSetTable* sets_;
   Counters* counters_;
   timeline::Timeline* timeline_;
+  int64_t chunk_bytes_;
   const std::vector<int32_t>* rows_ = nullptr;  // timeline rows of the response being run
   struct FreeDeleter {
     void operator()(uint8_t* p) const;

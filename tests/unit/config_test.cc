@@ -22,6 +22,7 @@ TEST(Config, DefaultsMatchHorovod) {
   Result<Config> c = Parse({});
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->fusion_threshold_bytes, 128 * 1024 * 1024);
+  EXPECT_EQ(c->collective_chunk_bytes, 1024 * 1024);  // ours: measured, see the README
   EXPECT_EQ(c->cycle_time_ms, 1.0);
   EXPECT_EQ(c->cache_capacity, 1024);
   EXPECT_EQ(c->log_level, LogLevel::kWarning);
@@ -33,6 +34,7 @@ TEST(Config, DefaultsMatchHorovod) {
 
 TEST(Config, ParsesEveryKnob) {
   Result<Config> c = Parse({{"HOROVOD_FUSION_THRESHOLD", "0"},
+                            {"HOROVOD_COLLECTIVE_CHUNK_BYTES", "1048576"},
                             {"HOROVOD_CYCLE_TIME", "0.25"},
                             {"HOROVOD_CACHE_CAPACITY", " 16 "},
                             {"HOROVOD_LOG_LEVEL", "DEBUG"},
@@ -42,6 +44,7 @@ TEST(Config, ParsesEveryKnob) {
                             {"HOROVOD_TIMELINE_MARK_CYCLES", "true"}});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->fusion_threshold_bytes, 0);
+  EXPECT_EQ(c->collective_chunk_bytes, 1048576);
   EXPECT_EQ(c->cycle_time_ms, 0.25);
   EXPECT_EQ(c->cache_capacity, 16);
   EXPECT_EQ(c->log_level, LogLevel::kDebug);
@@ -111,6 +114,7 @@ TEST(Config, KnobTableDescribesEveryKnobOnce) {
   std::vector<std::string> names;
   for (const KnobSpec& k : table) names.push_back(k.name);
   const std::vector<std::string> expected = {"HOROVOD_FUSION_THRESHOLD",
+                                             "HOROVOD_COLLECTIVE_CHUNK_BYTES",
                                              "HOROVOD_CYCLE_TIME",
                                              "HOROVOD_CACHE_CAPACITY",
                                              "HOROVOD_LOG_LEVEL",
