@@ -194,12 +194,14 @@ Status BackgroundLoop::Loop() {
   const auto cycle_time = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
   size_t outstanding = 0;
-  bool idle = true;
+  bool idle = true, follow_up = false;
   auto last_cycle = std::chrono::steady_clock::now();
 
   while (true) {
-    queue_->WaitForWork(last_cycle +
-                        (idle ? std::chrono::steady_clock::duration(kIdleWait) : cycle_time));
+    if (!follow_up) {
+      queue_->WaitForWork(last_cycle +
+                          (idle ? std::chrono::steady_clock::duration(kIdleWait) : cycle_time));
+    }
     last_cycle = std::chrono::steady_clock::now();
     std::vector<Request> fresh = queue_->PopNewRequests();
     outstanding += fresh.size();
@@ -207,6 +209,7 @@ Status BackgroundLoop::Loop() {
         controller.RunCycle(std::move(fresh), queue_->shutdown_requested(), outstanding);
     if (!outcome.ok()) return outcome.status();
     idle = outcome->idle;
+    follow_up = outcome->follow_up;
 
     const std::vector<Response> groups =
         FuseResponses(outcome->responses, config_.fusion_threshold_bytes);

@@ -15,9 +15,12 @@
 //    (each behind one mutex) and in relaxed atomic counters.
 //
 // Waiting: the thread sleeps on the TensorQueue's condition variable. Enqueueing wakes it at
-// once, so a lone small tensor is not held for a cycle. Otherwise it wakes after
-// HOROVOD_CYCLE_TIME while any rank has work outstanding, and after kIdleWait when no rank
-// has: an idle job costs a few negotiation rounds per second, not a thousand.
+// once, so a lone small tensor is not held for a cycle. A cycle in which some rank submitted
+// something that is not yet agreed is followed at once by another (the other ranks' copies are
+// usually microseconds behind, and their threads may already be waiting in the next cycle's
+// vote). Otherwise it wakes after HOROVOD_CYCLE_TIME while any rank has work outstanding, and
+// after kIdleWait when no rank has: an idle job costs a few negotiation rounds per second, not
+// a thousand, and a stalled tensor never spins the loop (follow-ups need fresh submissions).
 //
 // Stopping: Stop() asks for a negotiated shutdown; the request rides the next cycle's vote,
 // every rank leaves the loop after that cycle, and every entry still queued completes with

@@ -15,6 +15,7 @@ constexpr uint64_t kNoMisses = 1u << 1;
 constexpr uint64_t kNoOutstanding = 1u << 2;
 constexpr uint64_t kNoInvalid = 1u << 3;
 constexpr uint64_t kNoJoined = 1u << 4;
+constexpr uint64_t kNoFresh = 1u << 5;
 
 bool TestBit(const uint64_t* words, uint32_t bit) { return (words[bit / 64] >> (bit % 64)) & 1u; }
 void SetBit(uint64_t* words, uint32_t bit) { words[bit / 64] |= uint64_t{1} << (bit % 64); }
@@ -58,6 +59,7 @@ Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
   counters_->cycles.fetch_add(1, std::memory_order_relaxed);
   const Clock::time_point now = Clock::now();
   CycleOutcome outcome;
+  const size_t new_requests_count = new_requests.size();
   if (coordinator_) InspectStalls(now);
   const bool recording = Recording();
   if (recording) timeline_->MarkCycleStart();
@@ -97,6 +99,7 @@ Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
   if (outstanding == 0) *status |= kNoOutstanding;
   if (my_invalid.empty()) *status |= kNoInvalid;
   if (!joined_) *status |= kNoJoined;
+  if (new_requests_count == 0) *status |= kNoFresh;
   for (size_t i = 0; i < bit_words; ++i) invalid_words[i] = requested_words[i] = ~uint64_t{0};
   for (const auto& [bit, hit] : hits) {
     SetBit(hit_words, bit);
@@ -118,6 +121,7 @@ Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
   const bool any_misses = !(*status & kNoMisses);
   const bool any_invalid = !(*status & kNoInvalid);
   const bool any_joined = !(*status & kNoJoined);
+  const bool any_fresh = !(*status & kNoFresh);
   outcome.idle = (*status & kNoOutstanding) != 0;
 
   // 3. Invalidate, identically on every rank.
@@ -146,7 +150,11 @@ Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
       }
     }
   }
+  // A tensor some rank asked for that is not released is partly ready: its other ranks are
+  // probably submitting it right now.
+  bool partial = false;
   for (uint32_t bit = 0; bit < num_bits; ++bit) {
+    if (!TestBit(requested_words, bit) && !released(bit)) partial = true;
     if (released(bit)) {
       outcome.responses.push_back(cache_.Touch(bit));
       counters_->cache_hits.fetch_add(1, std::memory_order_relaxed);
@@ -158,6 +166,8 @@ Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
   if (any_misses || any_invalid || any_shutdown || any_joined) {
     HVD_RETURN_IF_ERROR(SlowPath(std::move(misses), shutdown_requested, any_joined, &outcome));
   }
+  // Only after fresh submissions (so a stalled tensor cannot spin the loop).
+  outcome.follow_up = any_fresh && (partial || any_misses);
   return outcome;
 }
 

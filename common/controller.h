@@ -58,6 +58,10 @@ struct CycleOutcome {
   std::string shutdown_reason;
   // No rank had outstanding work when the cycle started.
   bool idle = false;
+  // Some rank submitted something this cycle that is not agreed yet (ranks submit the same
+  // tensor microseconds apart, and each rank's cycle starts when its own work arrives): run
+  // the next cycle at once instead of after HOROVOD_CYCLE_TIME. Identical on every rank.
+  bool follow_up = false;
 };
 
 class Controller {

@@ -36,9 +36,13 @@ namespace {
 // Largest element count per MPI call: MPI counts are 32-bit ints.
 constexpr int64_t kMaxCountPerCall = int64_t{1} << 30;
 
-// Polite waiting: spin this long, then sleep from kMinSleep doubling up to kMaxSleep.
+// Polite waiting: spin for kSpinTime, then sleep kMinSleep at a time until kShortSleepTime has
+// passed (a peer that is a little behind, e.g. a rank whose cycle started just before the
+// other's submission, is met within ~20 us instead of a long backoff period), then sleep
+// doubling up to kMaxSleep (a peer still computing costs a few wake-ups per millisecond).
 constexpr auto kSpinTime = std::chrono::microseconds(100);
 constexpr auto kMinSleep = std::chrono::microseconds(20);
+constexpr auto kShortSleepTime = std::chrono::milliseconds(2);
 constexpr auto kMaxSleep = std::chrono::microseconds(500);
 
 // The custom 2-byte types, read by the MPI_Op callbacks (which receive no user data).
@@ -76,13 +80,20 @@ class MpiBackend final : public Backend {
   const char* name() const override { return "MPI"; }
   const char* ActivityName(OpType type) const override {
     switch (type) {
-      case OpType::kAllreduce: return "MPI_ALLREDUCE";
-      case OpType::kBroadcast: return "MPI_BCAST";
-      case OpType::kAllgather: return "MPI_ALLGATHER";
-      case OpType::kAlltoall: return "MPI_ALLTOALL";
-      case OpType::kReducescatter: return "MPI_REDUCESCATTER";
-      case OpType::kBarrier: return "MPI_BARRIER";
-      default: return "MPI";
+      case OpType::kAllreduce:
+        return "MPI_ALLREDUCE";
+      case OpType::kBroadcast:
+        return "MPI_BCAST";
+      case OpType::kAllgather:
+        return "MPI_ALLGATHER";
+      case OpType::kAlltoall:
+        return "MPI_ALLTOALL";
+      case OpType::kReducescatter:
+        return "MPI_REDUCESCATTER";
+      case OpType::kBarrier:
+        return "MPI_BARRIER";
+      default:
+        return "MPI";
     }
   }
   const Topology& topology() const override { return topo_; }
@@ -314,7 +325,8 @@ class MpiBackend final : public Backend {
  private:
   Status WaitPolitely(MPI_Request* req, const char* what) {
     int done = 0;
-    const auto spin_until = std::chrono::steady_clock::now() + kSpinTime;
+    const auto start = std::chrono::steady_clock::now();
+    const auto spin_until = start + kSpinTime, short_sleeps_until = start + kShortSleepTime;
     while (true) {
       int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) {
@@ -333,7 +345,9 @@ class MpiBackend final : public Backend {
                                    " failed: " + MpiErrorText(rc));
       }
       if (done) return Status::OK();
-      sleep = std::min(sleep * 2, kMaxSleep);
+      if (std::chrono::steady_clock::now() >= short_sleeps_until) {
+        sleep = std::min(sleep * 2, kMaxSleep);
+      }
     }
   }
 
