@@ -38,7 +38,8 @@ def test_defaults_on_this_machine():
     assert r.returncode == 0, r.stderr
     assert printed_command(r) == (
         ["mpirun"] + ROOT + ["--tag-output", "-np", "2", "--bind-to", "none", "--map-by",
-                             "slot", "-x", "PATH", "python", "train.py", "--epochs", "3"])
+                             "slot", "-mca", "mpi_yield_when_idle", "1", "-x", "PATH",
+                             "python", "train.py", "--epochs", "3"])
 
 
 def test_every_knob_hosts_and_mpi_args():
@@ -53,7 +54,7 @@ def test_every_knob_hosts_and_mpi_args():
     assert printed_command(r) == (
         ["mpirun"] + ROOT + [
             "--tag-output", "-np", "4", "-H", "node1:2,node2:2", "--bind-to", "none",
-            "--map-by", "slot",
+            "--map-by", "slot", "-mca", "mpi_yield_when_idle", "1",
             "-x", "HOROVOD_CACHE_CAPACITY=0",
             "-x", "HOROVOD_CYCLE_TIME=0.5",
             "-x", "HOROVOD_FUSION_THRESHOLD=33554432",
@@ -65,6 +66,17 @@ def test_every_knob_hosts_and_mpi_args():
             "-x", "PATH", "-x", "PYTHONPATH",
             "-mca", "btl", "tcp,self", "--report-bindings",
             "./train", "--lr", "0.1"])
+
+
+def test_user_choice_of_yield_when_idle_wins():
+    r = hvdrun(["-np", "2", "--mpi-args", "--mca mpi_yield_when_idle 0", "--dry-run", "./t"])
+    assert r.returncode == 0, r.stderr
+    cmd = printed_command(r)
+    assert cmd.count("mpi_yield_when_idle") == 1 and cmd[-4:] == ["--mca", "mpi_yield_when_idle",
+                                                                 "0", "./t"]
+    r = hvdrun(["-np", "2", "--dry-run", "./t"], env={"OMPI_MCA_mpi_yield_when_idle": "0"})
+    assert r.returncode == 0, r.stderr
+    assert "mpi_yield_when_idle" not in printed_command(r)
 
 
 def test_hostfile_environment_knobs_and_relative_timeline(tmp_path):
