@@ -23,38 +23,12 @@
 #include <vector>
 
 #include "common/horovod.h"
+#include "examples/bench/bench_util.h"
 
 namespace po = boost::program_options;
 
-namespace {
-
-// CPU seconds used so far by this process's threads named `comm` (from /proc/self/task).
-double ThreadCpuSeconds(const std::string& comm) {
-  double total = 0;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream stat(task.path() / "stat");
-    std::string line;
-    std::getline(stat, line);
-    const size_t open = line.find('('), close = line.rfind(')');
-    if (open == std::string::npos || line.substr(open + 1, close - open - 1) != comm) continue;
-    std::istringstream rest(line.substr(close + 2));
-    std::string field;
-    long long utime = 0, stime = 0;
-    for (int i = 3; i <= 15 && rest >> field; ++i) {
-      if (i == 14) utime = std::stoll(field);
-      if (i == 15) stime = std::stoll(field);
-    }
-    total += static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
-  }
-  return total;
-}
-
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(p * (v.size() - 1))];
-}
-
-}  // namespace
+using bench::Percentile;
+using bench::ThreadCpuSeconds;
 
 int main(int argc, char** argv) {
   int blocks = 40, steps = 5, tensors = 64, warmup = 20;
@@ -144,15 +118,22 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     const double off50 = Percentile(ms[0], 0.5), on50 = Percentile(ms[1], 0.5);
     const double ratio = Percentile(pair_ratio, 0.5);
-    std::ifstream f(file, std::ios::ate | std::ios::binary);
-    std::printf(
-        "name=timeline_overhead np=%d tensors=%d floats_per_step=%lld steps_per_mode=%zu "
-        "p50_ms_off=%.3f p90_ms_off=%.3f p50_ms_on=%.3f p90_ms_on=%.3f ratio=%.3f "
-        "ratio_of_p50s=%.3f "
-        "last_file_bytes=%lld cpu_s_background=%.3f cpu_s_timeline_writer=%.3f\n",
-        size, tensors, static_cast<long long>(total), ms[0].size(), off50, Percentile(ms[0], 0.9),
-        on50, Percentile(ms[1], 0.9), ratio, off50 / on50, static_cast<long long>(f.tellg()),
-        bg_cpu, tl_cpu);
+    std::ifstream out(file, std::ios::ate | std::ios::binary);
+    bench::Figure f("T3", "timeline_overhead");
+    f.ours_ms = ms[1];
+    f.base_ms = ms[0];
+    f.baseline = "timeline_off";
+    f.ratio = ratio;  // throughput on/off: median over adjacent block pairs
+    f.target = ">=0.95";
+    f.met = bench::Met(true, ratio >= 0.95);
+    char extra[256];
+    std::snprintf(extra, sizeof(extra),
+                  "np=%d tensors=%d floats_per_step=%lld steps_per_mode=%zu ratio_of_p50s=%.3f "
+                  "last_file_bytes=%lld cpu_s_background=%.3f cpu_s_timeline_writer=%.3f",
+                  size, tensors, static_cast<long long>(total), ms[0].size(), off50 / on50,
+                  static_cast<long long>(out.tellg()), bg_cpu, tl_cpu);
+    f.extra = extra;
+    bench::Print(f);
   }
   return 0;
 }

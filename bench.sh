@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Every performance figure in one command: install what is missing, build, then run the
+# benchmarks in examples/bench/ on 2 ranks. Each figure is one line
+#   FIGURE <id> name=... p50_ms=... p90_ms=... baseline=... ratio=... target=... met=yes|no|n/a
+# where ratio is against a baseline measured in the same run. Takes about 3 minutes on 2 cores.
+#   ./bench.sh                 all figures (allreduce over shared memory and TCP, timeline
+#                              overhead, training throughput vs DDP)
+#   ./bench.sh --quick         fewer repetitions (about 1 minute; noisier)
+# Nothing here is a test: a missed target is reported, not failed. A wrong result (every
+# benchmark checks its sums and parameters) exits non-zero.
+set -euo pipefail
+cd "$(dirname "$0")"
+quick=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --quick) quick=1; shift ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "bench.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+  esac
+done
+scripts/install_deps.sh
+source scripts/mpi_env.sh
+scripts/setup_venv.sh
+scripts/build.sh build -DPython3_EXECUTABLE=/usr/bin/python3
+start=$SECONDS
+
+# As hvdrun launches: no binding (two busy threads per rank), MPI yields the core while it waits.
+MPIRUN=(mpirun -np 2 --bind-to none --map-by slot --mca mpi_yield_when_idle 1)
+if ((quick)); then
+  AR=(--reps 8 --resnet-reps 4 --latency-reps 300 --idle-seconds 5); TL=(--blocks 10)
+  ST=(--blocks 3 --steps 8)
+else
+  AR=(--reps 60 --resnet-reps 20); TL=(); ST=(--blocks 16)
+fi
+{
+  echo "# $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), $(mpirun --version | head -1), $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo "# shared memory (Open MPI's default transports)"
+  "${MPIRUN[@]}" build/examples/bench/allreduce_bench --transport shm "${AR[@]}"
+  echo "# TCP loopback (--mca btl tcp,self)"
+  "${MPIRUN[@]}" --mca btl tcp,self build/examples/bench/allreduce_bench --transport tcp \
+    --figures G1,G3,G4,G5 "${AR[@]}"
+  echo "# timeline on vs off"
+  "${MPIRUN[@]}" build/examples/bench/timeline_overhead "${TL[@]}"
+  echo "# training throughput vs torch DDP (gloo)"
+  "${MPIRUN[@]}" .venv/bin/python examples/bench/synthetic_train.py "${ST[@]}"
+} 2>&1 | tee bench.log
+echo "bench.sh: done in $((SECONDS - start)) s; figures in bench.log" >&2
