@@ -1,0 +1,78 @@
+"""Fault injection under real mpirun jobs: whatever goes wrong on one rank, the job ends
+(never hangs), its exit status is non-zero, and the output says which rank and why.
+
+Each case runs the job with a hard timeout well under the test's own deadline; the 30 s bound
+on how long survivors may linger after a fault is a hang bound, not a speed target.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "fault_worker.py")
+HVDRUN = [sys.executable, "-m", "horovod_cpp.runner"]
+LINGER_S = 30  # survivors must be gone this long after the fault at the latest
+
+
+def mpirun(np, args, env=None, timeout=90):
+    cmd = [shutil.which("mpirun"), "-np", str(np), "--oversubscribe", "--bind-to", "none"]
+    if os.geteuid() == 0:
+        cmd.insert(1, "--allow-run-as-root")
+    for name, value in (env or {}).items():
+        cmd += ["-x", "%s=%s" % (name, value)]
+    cmd += [sys.executable, WORKER] + args
+    return run(cmd, timeout)
+
+
+def run(cmd, timeout):
+    start = time.monotonic()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       start_new_session=True)
+    return r, time.monotonic() - start
+
+
+@pytest.mark.parametrize("np,victim", [(2, 1), (3, 2), (4, 0)])
+def test_rank_killed_mid_allreduces_ends_the_job_naming_it(np, victim):
+    r, elapsed = mpirun(np, ["kill", str(victim), "200"])
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "rank %d: killing myself" % victim in out
+    assert "step 150" in out  # the job was running collectives when the rank died
+    assert ("process rank %d with PID" % victim in out and "exited on signal 9 (Killed)" in out), out
+    # Startup (imports) takes a few seconds per rank here; the rest is how long survivors
+    # lingered after the kill.
+    assert elapsed < LINGER_S + 30, "job took %.1f s after a rank was killed" % elapsed
+
+
+def test_rank_killed_through_hvdrun_names_the_rank_and_exits_137():
+    r, _ = run(HVDRUN + ["-np", "3", sys.executable, WORKER, "kill", "1", "100"], timeout=90)
+    out = r.stdout + r.stderr
+    assert r.returncode == 137, out
+    assert "hvdrun: mpirun exited with exit code 137: rank 1 exited with signal 9 (Killed)" in out
+
+
+@pytest.mark.parametrize("np,victim", [(2, 0), (3, 1)])
+def test_python_exception_on_one_rank_ends_the_job_non_zero(np, victim):
+    r, elapsed = mpirun(np, ["raise", str(victim), "120"])
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "RuntimeError: rank %d: injected failure at step 120" % victim in out, out
+    assert "step 100" in out
+    assert elapsed < LINGER_S + 30, "job took %.1f s after the exception" % elapsed
+
+
+def test_rank_that_never_submits_is_reported_then_shuts_the_job_down():
+    r, elapsed = mpirun(3, ["stall", "2"], env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
+                                                "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"})
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "waiting for remainder of ranks for more than 1 seconds" in out, out
+    assert "2: [allreduce.stalled.tensor]" in out, out  # names as horovod.torch forms them
+    assert "is stalled for longer than 3 seconds. Will shutdown." in out, out
+    # The survivors' allreduce fails with the reason rather than hanging.
+    assert "HorovodInternalError" in out and "stall" in out, out
+    assert elapsed < 60, "job took %.1f s" % elapsed
