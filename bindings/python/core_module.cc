@@ -34,7 +34,16 @@ PyObject* g_internal_error = nullptr;
       (at_enqueue && s.code() == hvd::StatusCode::kFailedPrecondition)) {
     type = PyExc_ValueError;
   }
-  PyErr_SetString(type, s.message().c_str());
+  std::string text = s.message();
+  // The core speaks C++ ("call hvd::Init() first"); Python users call hvd.init().
+  for (const auto& [cpp, python] :
+       {std::pair<std::string, std::string>{"hvd::Init()", "hvd.init()"},
+        {"hvd::Shutdown()", "hvd.shutdown()"}}) {
+    for (size_t at = text.find(cpp); at != std::string::npos; at = text.find(cpp, at)) {
+      text.replace(at, cpp.size(), python);
+    }
+  }
+  PyErr_SetString(type, text.c_str());
   throw py::error_already_set();
 }
 
@@ -80,7 +89,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "horovod_cpp core runtime (framework independent)";
 
   static py::exception<std::runtime_error> internal_error(m, "HorovodInternalError",
-                                                           PyExc_RuntimeError);
+                                                          PyExc_RuntimeError);
   g_internal_error = internal_error.ptr();
 
   py::class_<ResultBuffer>(m, "ResultBuffer", py::buffer_protocol())
@@ -171,10 +180,10 @@ PYBIND11_MODULE(_core, m) {
           return Get(hvd::EnqueueGroupedAllreduce(ToViews(ins), ToViews(outs), name,
                                                   Options(op, pre, post, ps)));
         });
-  m.def("broadcast_async", [](const PyTensor& in, const PyTensor& out, int root,
-                              const std::string& name, int ps) {
-    return Get(hvd::EnqueueBroadcast(ToView(in), ToView(out), root, name, ps));
-  });
+  m.def("broadcast_async",
+        [](const PyTensor& in, const PyTensor& out, int root, const std::string& name, int ps) {
+          return Get(hvd::EnqueueBroadcast(ToView(in), ToView(out), root, name, ps));
+        });
   m.def("allgather_async", [](const PyTensor& in, const std::string& name, int ps) {
     return Get(hvd::EnqueueAllgather(ToView(in), name, ps));
   });
@@ -182,13 +191,11 @@ PYBIND11_MODULE(_core, m) {
         [](const std::vector<PyTensor>& ins, const std::string& name, int ps) {
           return Get(hvd::EnqueueGroupedAllgather(ToViews(ins), name, ps));
         });
-  m.def("alltoall_async", [](const PyTensor& in, const std::vector<int64_t>& splits,
-                             const std::string& name, int ps) {
-    return Get(hvd::EnqueueAlltoall(ToView(in), splits, name, ps));
-  });
-  m.def("reducescatter_async", [](const PyTensor& in, const PyTensor& out,
-                                  const std::string& name, int op, double pre, double post,
-                                  int ps) {
+  m.def("alltoall_async",
+        [](const PyTensor& in, const std::vector<int64_t>& splits, const std::string& name,
+           int ps) { return Get(hvd::EnqueueAlltoall(ToView(in), splits, name, ps)); });
+  m.def("reducescatter_async", [](const PyTensor& in, const PyTensor& out, const std::string& name,
+                                  int op, double pre, double post, int ps) {
     return Get(
         hvd::EnqueueReducescatter(ToView(in), ToView(out), name, Options(op, pre, post, ps)));
   });
@@ -219,7 +226,8 @@ PYBIND11_MODULE(_core, m) {
       py::gil_scoped_release release;
       s = hvd::Wait(handle);
     }
-    if (s.code() == hvd::StatusCode::kInvalidArgument && s.message().rfind("unknown handle", 0) == 0) {
+    if (s.code() == hvd::StatusCode::kInvalidArgument &&
+        s.message().rfind("unknown handle", 0) == 0) {
       Raise(s, /*at_enqueue=*/true);  // a programming error: ValueError
     }
     Check(s, /*at_enqueue=*/false);
@@ -239,8 +247,8 @@ PYBIND11_MODULE(_core, m) {
         const int64_t bytes = hvd::NumElements(o.shape) * hvd::DataTypeSize(o.dtype);
         buffer = py::cast(ResultBuffer{o.data, bytes});
       }
-      result.append(py::make_tuple(buffer, static_cast<int>(o.dtype), o.shape, o.received_splits,
-                                   o.value));
+      result.append(
+          py::make_tuple(buffer, static_cast<int>(o.dtype), o.shape, o.received_splits, o.value));
     }
     return result;
   });

@@ -151,6 +151,8 @@ def stop_timeline():
 
 def _op_name(prefix, name):
     """``<prefix>.<name>``, or ``<prefix>.noname.<n>`` numbered per process."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError("%s: name must be a str or None, got %s" % (prefix, type(name).__name__))
     if name is not None:
         return "%s.%s" % (prefix, name)
     with _noname_lock:

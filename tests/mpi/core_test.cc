@@ -414,6 +414,29 @@ TEST(Core, BadInputIsRejectedLocallyWithAClearError) {
   EXPECT_EQ(f[0], static_cast<float>(N()));
 }
 
+// More elements than an MPI count (a 32-bit int) can hold: 2^31 + 64 int8 values, reduced in
+// place. Runs only where HVD_TEST_HUGE=1 (its own ctest entries at np=2: 2 GiB per rank), with
+// the default chunking and with HOROVOD_COLLECTIVE_CHUNK_BYTES=0 (one call, which the MPI
+// backend must split itself).
+TEST(Core, HugeElementCountIsSplitIntoValidMpiCalls) {
+  const char* huge = std::getenv("HVD_TEST_HUGE");
+  if (huge == nullptr || std::string(huge) != "1") GTEST_SKIP() << "set HVD_TEST_HUGE=1";
+  const int64_t n = (int64_t{1} << 31) + 64;
+  std::vector<int8_t> x(static_cast<size_t>(n));
+  // Rank r puts r + 1 everywhere, and marks the two ends and the 2^31 boundary with its rank.
+  std::fill(x.begin(), x.end(), static_cast<int8_t>(R() + 1));
+  const int64_t marks[] = {0, (int64_t{1} << 31) - 1, int64_t{1} << 31, n - 1};
+  for (int64_t i : marks) x[static_cast<size_t>(i)] = static_cast<int8_t>(R());
+  ASSERT_TRUE(Allreduce(View(x.data(), {n}), View(x.data(), {n}), "huge", {ReduceOp::kMax}).ok());
+  for (int64_t i : marks) EXPECT_EQ(x[static_cast<size_t>(i)], N() - 1) << "index " << i;
+  for (int64_t i : {int64_t{1}, int64_t{1} << 30, (int64_t{1} << 31) + 1, n - 2}) {
+    EXPECT_EQ(x[static_cast<size_t>(i)], N()) << "index " << i;
+  }
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) wrong += x[static_cast<size_t>(i)] != N();
+  EXPECT_EQ(wrong, 4);  // exactly the marks
+}
+
 TEST(Core, ScalarsEmptyTensorsAndUnnamedOps) {
   double scalar = R() + 1.0;
   ASSERT_TRUE(Allreduce(View(&scalar, {}), View(&scalar, {}), "scalar", {ReduceOp::kMax}).ok());
