@@ -168,6 +168,10 @@ Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
   }
   // Only after fresh submissions (so a stalled tensor cannot spin the loop).
   outcome.follow_up = any_fresh && (partial || any_misses);
+  counters_->cache_entries.store(cache_.size(), std::memory_order_relaxed);
+  if (coordinator_) {
+    counters_->coordinator_pending.store(coordinator_->pending_count(), std::memory_order_relaxed);
+  }
   return outcome;
 }
 

@@ -21,6 +21,8 @@ struct Counters {
   std::atomic<uint64_t> barrier_calls{0};
   std::atomic<uint64_t> tensors_completed{0};
   std::atomic<uint64_t> fusion_buffer_bytes{0};
+  std::atomic<uint64_t> cache_entries{0};        // gauges, set after every cycle
+  std::atomic<uint64_t> coordinator_pending{0};
 
   Stats Snapshot() const {
     auto get = [](const std::atomic<uint64_t>& c) { return c.load(std::memory_order_relaxed); };
@@ -36,12 +38,14 @@ struct Counters {
     s.barrier_calls = get(barrier_calls);
     s.tensors_completed = get(tensors_completed);
     s.fusion_buffer_bytes = get(fusion_buffer_bytes);
+    s.cache_entries = get(cache_entries);
+    s.coordinator_pending = get(coordinator_pending);
     return s;
   }
   void Reset() {
     for (auto* c : {&cycles, &cache_hits, &coordinator_rounds, &allreduce_calls, &broadcast_calls,
                     &allgather_calls, &alltoall_calls, &reducescatter_calls, &barrier_calls,
-                    &tensors_completed, &fusion_buffer_bytes}) {
+                    &tensors_completed, &fusion_buffer_bytes, &cache_entries, &coordinator_pending}) {
       c->store(0);
     }
   }

@@ -122,6 +122,11 @@ struct Stats {
   uint64_t barrier_calls = 0;
   uint64_t tensors_completed = 0;    // entries completed (success or error)
   uint64_t fusion_buffer_bytes = 0;  // current size of the host fusion buffers
+  // Sizes of the internal tables (for leak checks; steady in a steady job):
+  uint64_t live_handles = 0;         // handles not yet released by Wait/WaitOutputs
+  uint64_t queued_tensors = 0;       // entries submitted and not yet completed
+  uint64_t cache_entries = 0;        // response-cache entries
+  uint64_t coordinator_pending = 0;  // tensors rank 0 is negotiating (0 on other ranks)
 };
 
 // ---- lifecycle and topology ---------------------------------------------------------------

@@ -141,7 +141,10 @@ Result<std::vector<Output>> WaitOutputs(Handle handle) { return R().handles.Wait
 
 Result<Stats> GetStats() {
   HVD_RETURN_IF_ERROR(CheckStarted());
-  return R().counters.Snapshot();
+  Stats s = R().counters.Snapshot();
+  s.live_handles = R().handles.size();
+  s.queued_tensors = R().queue.size();
+  return s;
 }
 
 int NcclBuilt() { return ops::NcclVersionCode(); }
