@@ -4,7 +4,7 @@
 # watchdog), so a hang fails fast.
 set -euo pipefail
 cd "$(dirname "$0")"
-scripts/install_deps.sh --spark
+scripts/install_deps.sh --spark --fuzz
 source scripts/mpi_env.sh
 start=$SECONDS
 
@@ -24,4 +24,8 @@ if grep -q "NCCL backend ON" build.configure.log; then
     -DHVD_WERROR=ON
   (cd build-cpu && ctest --output-on-failure -j 2 --timeout 300)
 fi
+# 4. Fuzzing: the wire-format and configuration parsers, 60 s each (both at once), under
+#    ASan + UBSan. A longer hunt: scripts/fuzz.sh 3600.
+scripts/fuzz.sh 60
+
 echo "test.sh: all tests passed in $((SECONDS - start)) s" >&2

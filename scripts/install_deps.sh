@@ -3,6 +3,7 @@
 # machine that has them all pays one dpkg query). Debian 12; run as root or with sudo.
 #   install_deps.sh            build, run and test the core, the C++ and the PyTorch APIs
 #   install_deps.sh --spark    also a Java runtime for pyspark (HorovodRunner), if none is there
+#   install_deps.sh --fuzz     also clang and its runtimes (libFuzzer, sanitizers) for fuzz/
 set -euo pipefail
 
 PACKAGES=(
@@ -14,9 +15,13 @@ PACKAGES=(
   python3-pytest python3-mpi4py python3-cloudpickle        # Python tests
 )
 
-if [[ "${1:-}" == "--spark" ]] && ! command -v java >/dev/null; then
-  PACKAGES+=(openjdk-17-jre-headless)                    # pyspark needs Java 17+
-fi
+for arg in "$@"; do
+  case "$arg" in
+    --spark) command -v java >/dev/null || PACKAGES+=(openjdk-17-jre-headless) ;;  # Java 17+
+    --fuzz) PACKAGES+=(clang libclang-rt-14-dev) ;;     # libFuzzer, ASan, UBSan runtimes
+    *) echo "install_deps: unknown argument '$arg'" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${PACKAGES[@]}"; do

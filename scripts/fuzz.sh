@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (fuzz/, clang + ASan + UBSan) and runs each for a fixed time,
+# both at once. Exits non-zero on any crash, sanitizer report or broken invariant (the input
+# that did it is saved as build-fuzz/crash-*; rerun it with build-fuzz/<target> FILE).
+#   scripts/fuzz.sh [SECONDS]        default 60 per target (./test.sh uses the default)
+#   scripts/fuzz.sh 3600             a longer hunt; new inputs collect in build-fuzz/corpus-*
+#   scripts/fuzz.sh --seeds          rewrite fuzz/corpus/wire from real messages
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=60
+if [[ "${1:-}" == "--seeds" ]]; then seeds=1; else seeds=0; seconds="${1:-60}"; fi
+cmake -S fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  > build-fuzz.configure.log 2>&1 || { cat build-fuzz.configure.log >&2; exit 1; }
+cmake --build build-fuzz -j 2 >/dev/null
+if ((seeds)); then build-fuzz/make_seeds fuzz/corpus/wire; exit 0; fi
+
+pids=()
+for target in wire config; do
+  work="build-fuzz/corpus-$target"
+  mkdir -p "$work"
+  # The repo's seeds plus whatever earlier runs found; the repo corpus is never written.
+  (cd build-fuzz && exec "./${target}_fuzz" "corpus-$target" "../fuzz/corpus/$target" \
+     -max_total_time="$seconds" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
+     > "fuzz-$target.log" 2>&1) &
+  pids+=($!)
+done
+status=0
+for i in "${!pids[@]}"; do
+  target=$([[ $i -eq 0 ]] && echo wire || echo config)
+  if ! wait "${pids[$i]}"; then
+    status=1
+    echo "fuzz.sh: ${target}_fuzz FAILED; log: build-fuzz/fuzz-$target.log" >&2
+    tail -40 "build-fuzz/fuzz-$target.log" >&2
+  fi
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "build-fuzz/fuzz-$target.log")
+  speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "build-fuzz/fuzz-$target.log")
+  echo "fuzz.sh: ${target}_fuzz ${seconds} s: ${runs:-?} executions, ${speed:-?}/s" >&2
+done
+exit $status
