@@ -18,13 +18,22 @@ scripts/build.sh build -DHVD_WERROR=ON -DPython3_EXECUTABLE=/usr/bin/python3 \
   -DHVD_TEST_PYTHON="$PWD/.venv/bin/python"
 (cd build && ctest --output-on-failure -j 2 --timeout 600)
 
-# 3. The CPU-only configuration must build and pass on its own as well (C++ tests).
-if grep -q "NCCL backend ON" build.configure.log; then
-  scripts/build.sh build-cpu -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF \
-    -DHVD_WERROR=ON
-  (cd build-cpu && ctest --output-on-failure -j 2 --timeout 300)
-fi
-# 4. Fuzzing: the wire-format and configuration parsers, 60 s each (both at once), under
+# 3. The CPU-only configuration (no NCCL, no LibTorch, no Python module) must build and pass
+#    on its own; it is built with AddressSanitizer + UndefinedBehaviorSanitizer, so every C++
+#    test (unit, MPI, examples) also runs under them.
+scripts/build.sh build-cpu -DHVD_SANITIZE=address,undefined -DHVD_WITH_NCCL=OFF \
+  -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_WERROR=ON
+(cd build-cpu && ctest --output-on-failure -j 2 --timeout 300)
+
+# 4. The threaded core (queue, background loop, executor, timeline writer; ranks simulated in
+#    one process, tests/unit/simulated_ranks_test.cc) under ThreadSanitizer.
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVD_SANITIZE=thread \
+  -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_BUILD_EXAMPLES=OFF \
+  -DHVD_WERROR=ON > build-tsan.configure.log 2>&1 || { cat build-tsan.configure.log >&2; exit 1; }
+cmake --build build-tsan -j "$(nproc)" --target unit_tests
+TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/unit_tests --gtest_brief=1
+
+# 5. Fuzzing: the wire-format and configuration parsers, 60 s each (both at once), under
 #    ASan + UBSan. A longer hunt: scripts/fuzz.sh 3600.
 scripts/fuzz.sh 60
 

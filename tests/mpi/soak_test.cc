@@ -333,7 +333,12 @@ TEST(Soak, MixedOperationsCompleteOnceExactlyWithFlatMemory) {
   EXPECT_LE(stats.cache_entries, 1024u);  // HOROVOD_CACHE_CAPACITY's default
   // Flat after warm-up: a leak of even 100 bytes per op would show at 100,000 ops; allocator
   // noise and the fusion buffer reaching its high-water mark stay well inside 24 MiB.
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer keeps freed memory in quarantine (256 MiB): RSS says nothing there.
+  (void)rss_end;
+#else
   EXPECT_LT(rss_end - rss_warm, 24.0) << "RSS grew from " << rss_warm << " to " << rss_end;
+#endif
   for (size_t s = 1; s < sets.size(); ++s) EXPECT_TRUE(RemoveProcessSet(sets[s].id).ok());
 }
 
