@@ -84,12 +84,6 @@ std::string DimsAfterFirst(const Request& q) {
   return s + "]";
 }
 
-int64_t RowElements(const TensorShape& shape) {
-  int64_t n = 1;
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-  return n;
-}
-
 }  // namespace
 
 int64_t ReducescatterRows(int64_t dim0, int set_size, int rank_in_set) {
@@ -115,7 +109,10 @@ Response ConstructResponse(const std::vector<Request>& requests, const std::vect
       {"operations", true, [](const Request& q) { return std::string(OpTypeName(q.type)); }},
       {"data types", HasTensor(type),
        [](const Request& q) { return std::string(DataTypeName(q.dtype)); }},
-      {"devices", HasTensor(type), [](const Request& q) { return DeviceToString(q.device); }},
+      // CPU on one rank and a GPU on another is an error; GPU 0 here and GPU 1 there is the
+      // usual one-GPU-per-rank layout.
+      {"devices (CPU vs GPU)", HasTensor(type),
+       [](const Request& q) { return std::string(q.device == kCpuDevice ? "CPU" : "GPU"); }},
       {"reduction ops", IsReduction(type),
        [](const Request& q) { return std::string(ReduceOpName(q.reduce_op)); }},
       {"prescale factors", IsReduction(type),

@@ -182,4 +182,10 @@ std::string DeviceToString(int32_t device) {
   return device == kCpuDevice ? "CPU" : "GPU:" + std::to_string(device);
 }
 
+int64_t RowElements(const TensorShape& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
 }  // namespace hvd

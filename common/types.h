@@ -81,6 +81,8 @@ using TensorShape = std::vector<int64_t>;
 
 // Product of the dimensions; 1 for a scalar (empty shape).
 int64_t NumElements(const TensorShape& shape);
+// Elements of one row along dim 0: the product of the dimensions after the first.
+int64_t RowElements(const TensorShape& shape);
 // "[128, 64]"; "[]" for a scalar.
 std::string ShapeToString(const TensorShape& shape);
 // "CPU" or "GPU:<ordinal>".

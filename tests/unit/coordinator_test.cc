@@ -133,7 +133,16 @@ TEST(Coordinator, ScaleFactorMismatch) {
 TEST(Coordinator, DeviceMismatch) {
   Request a = Allreduce("t", 0), b = Allreduce("t", 1);
   b.device = 0;
-  ExpectError({a, b}, "allreduce 't': mismatched devices: rank 0 sent CPU; rank 1 sent GPU:0");
+  ExpectError({a, b},
+              "allreduce 't': mismatched devices (CPU vs GPU): rank 0 sent CPU; rank 1 sent GPU");
+}
+
+TEST(Coordinator, OneGpuPerRankIsNotAMismatch) {
+  Request a = Allreduce("t", 0), b = Allreduce("t", 1);
+  a.device = 0;
+  b.device = 1;
+  const Response r = ConstructResponse({a, b});
+  EXPECT_EQ(r.type, OpType::kAllreduce) << r.error_message;
 }
 
 TEST(Coordinator, BroadcastRootAndShapeMismatch) {
