@@ -112,8 +112,12 @@ void BackgroundLoop::ThreadMain() {
   cv_.notify_all();
   if (!status.ok()) return;
 
+  // CUDA tensors' backend (null without NCCL); its communicators are made on first use and
+  // destroyed before the host backend (which bootstrapped them) is finalised.
+  device_ = ops::CreateNcclCollectives(backend_.get());
   Status end = Loop();
   Finish(end);
+  device_.reset();
   Status fin = backend_->Finalize();
   if (!fin.ok())
     HVD_LOG(WARNING) << "finalizing the " << backend_->name() << " backend: " << fin.message();
@@ -190,7 +194,7 @@ Status BackgroundLoop::CreateStaticProcessSets() {
 Status BackgroundLoop::Loop() {
   Controller controller(backend_.get(), config_, sets_, counters_, timeline_.get());
   OpExecutor executor(backend_.get(), sets_, counters_, timeline_.get(),
-                      config_.collective_chunk_bytes);
+                      config_.collective_chunk_bytes, device_.get());
   const auto cycle_time = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
   size_t outstanding = 0;
@@ -308,6 +312,7 @@ Status BackgroundLoop::ChangeProcessSets(const Response& group, TensorTableEntry
   const int32_t id = static_cast<int32_t>(group.rank_sizes.front());
   HVD_RETURN_IF_ERROR(sets_->Remove(id));
   HVD_RETURN_IF_ERROR(backend_->RemoveProcessSet(id));
+  if (device_) device_->RemoveProcessSet(id);
   *failed =
       queue_->FailProcessSet(id, Status::Aborted("process set " + std::to_string(id) +
                                                  " was removed while this operation was pending"));

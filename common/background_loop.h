@@ -40,6 +40,7 @@
 #include "common/tensor_queue.h"
 #include "common/thread_annotations.h"
 #include "ops/backend.h"
+#include "ops/device.h"
 #include "timeline/timeline.h"
 
 namespace hvd {
@@ -93,6 +94,7 @@ class BackgroundLoop {
   Config config_;
   InitOptions options_;
   std::unique_ptr<ops::Backend> backend_;
+  std::unique_ptr<ops::DeviceCollectives> device_;  // CUDA tensors; null without NCCL
   ops::Topology topology_;
   std::unique_ptr<timeline::Timeline> timeline_;  // global rank 0 only
   std::thread thread_;

@@ -11,6 +11,8 @@
 #include "common/coordinator.h"
 #include "common/names.h"
 #include "common/runtime.h"
+#include "ops/device.h"
+#include "ops/nccl_info.h"
 
 namespace hvd {
 
@@ -70,9 +72,12 @@ Status CheckTensor(const std::string& what, const TensorView& input, const Tenso
                                      ShapeToString(input.shape));
     }
   }
-  if (input.device != kCpuDevice || (output && output->device != kCpuDevice)) {
-    return Status::InvalidArgument(what + ": tensor is on " + DeviceToString(input.device) +
-                                   ", but this build of horovod_cpp supports CPU tensors only");
+  // The routing rule (ops/device.h): CPU tensors go to MPI, CUDA tensors to NCCL.
+  const Result<ops::Route> route = ops::RouteFor(input.device, ops::NcclVersionCode() != 0);
+  if (!route.ok()) return Status::InvalidArgument(what + ": " + route.status().message());
+  if (output && output->device != input.device) {
+    return Status::InvalidArgument(what + ": output is on " + DeviceToString(output->device) +
+                                   " but input is on " + DeviceToString(input.device));
   }
   if (output && output->dtype != input.dtype) {
     return Status::InvalidArgument(what + ": output dtype " + DataTypeName(output->dtype) +
@@ -150,7 +155,9 @@ Result<Handle> Submit(std::vector<TensorTableEntry> entries, StatusCallback call
   auto group = std::make_shared<Group>();
   group->remaining = entries.size();
   group->callback = std::move(callback);
-  const bool outputs = ProducesOutput(entries.front().request.type);
+  // CUDA operations hand their completion event to the caller through Output::ready_event.
+  const bool outputs =
+      ProducesOutput(entries.front().request.type) || entries.front().input.device != kCpuDevice;
   if (outputs) group->outputs.resize(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     std::shared_ptr<Output> result = entries[i].result;

@@ -40,6 +40,9 @@ struct TensorView {
   DataType dtype = DataType::kFloat32;
   TensorShape shape;
   int32_t device = kCpuDevice;
+  // CUDA tensors: the stream (a cudaStream_t) on which `data` is ready; nullptr is the legacy
+  // default stream. Ignored for CPU tensors.
+  void* stream = nullptr;
 };
 
 template <typename T>
@@ -92,6 +95,10 @@ struct Output {
   TensorShape shape;
   std::vector<int64_t> received_splits;  // alltoall: rows received from each rank of the set
   int64_t value = -1;                    // join: the last rank to join; add_process_set: its id
+  // CUDA tensors: a cudaEvent_t recorded after the operation on horovod_cpp's stream. The
+  // handle completes once the work is enqueued, not done: make the stream that uses the
+  // output wait for this event first (StreamWaitEvent). Null for CPU tensors.
+  std::shared_ptr<void> ready_event;
 };
 
 // A process set as seen by the calling rank.
@@ -227,6 +234,10 @@ Status Wait(Handle handle);
 // Like Wait, and also returns the runtime-allocated results: one Output per tensor (allgather,
 // alltoall, grouped ops in member order), or one carrying `value` (join, add_process_set).
 Result<std::vector<Output>> WaitOutputs(Handle handle);
+// CUDA tensors: makes `stream` (a cudaStream_t; nullptr = legacy default stream) wait for the
+// operation behind `output` (its ready_event), without blocking the calling thread. A no-op
+// for CPU outputs. Use WaitOutputs on a CUDA operation's handle to get its Outputs.
+Status StreamWaitEvent(const Output& output, void* stream);
 
 // ---- blocking conveniences ----------------------------------------------------------------
 

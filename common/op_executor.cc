@@ -12,12 +12,6 @@
 namespace hvd {
 namespace {
 
-int64_t RowElements(const TensorShape& shape) {
-  int64_t n = 1;
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-  return n;
-}
-
 std::vector<int64_t> Displacements(const std::vector<int64_t>& counts) {
   std::vector<int64_t> d(counts.size(), 0);
   for (size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
@@ -40,8 +34,10 @@ void Copy(void* dst, const void* src, int64_t bytes) {
 void OpExecutor::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
 OpExecutor::OpExecutor(ops::Backend* backend, const ProcessSetTable* sets, Counters* counters,
-                       timeline::Timeline* timeline, int64_t chunk_bytes)
+                       timeline::Timeline* timeline, int64_t chunk_bytes,
+                       ops::DeviceCollectives* device)
     : backend_(backend),
+      device_(device),
       sets_(sets),
       counters_(counters),
       timeline_(timeline),
@@ -100,6 +96,9 @@ Status OpExecutor::Execute(const Response& response, std::vector<TensorTableEntr
   if (response.type == OpType::kError) return Status::FailedPrecondition(response.error_message);
   if (response.type == OpType::kJoin) return Status::OK();
   HVD_ASSIGN_OR_RETURN(Set set, SetOf(response.process_set_id));
+  if (response.device != kCpuDevice && response.type != OpType::kBarrier) {
+    return ExecuteOnDevice(response, set, entries);
+  }
   switch (response.type) {
     case OpType::kAllreduce:
       return ExecuteAllreduce(response, set, entries);

@@ -18,6 +18,11 @@
 // Allgather and alltoall results are allocated here (their size is known only now) and left
 // in the entry's `result`.
 //
+// CUDA tensors (response.device != CPU, the same class on every rank) go to the device
+// backend (ops/device.h) instead, in op_executor_device.cc: fused allreduces through a device
+// buffer, other fused groups tensor by tensor, everything enqueued on the device backend's
+// stream; each entry's result carries the completion event.
+//
 // Owned and called by the background thread only.
 
 #include <cstdint>
@@ -29,6 +34,7 @@
 #include "common/process_set.h"
 #include "common/tensor_queue.h"
 #include "ops/backend.h"
+#include "ops/device.h"
 #include "timeline/timeline.h"
 
 namespace hvd {
@@ -37,8 +43,10 @@ class OpExecutor {
  public:
   // `timeline` is null except on the rank that records one. `chunk_bytes` bounds each
   // collective call on a host buffer (Config::collective_chunk_bytes; 0 = no bound).
+  // `device` runs CUDA tensors (null in builds without NCCL).
   OpExecutor(ops::Backend* backend, const ProcessSetTable* sets, Counters* counters,
-             timeline::Timeline* timeline, int64_t chunk_bytes = 0);
+             timeline::Timeline* timeline, int64_t chunk_bytes = 0,
+             ops::DeviceCollectives* device = nullptr);
   OpExecutor(const OpExecutor&) = delete;
   OpExecutor& operator=(const OpExecutor&) = delete;
 
@@ -66,6 +74,8 @@ class OpExecutor {
   Status ExecuteAlltoall(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
   Status ExecuteReducescatter(const Response& r, const Set& set,
                               std::vector<TensorTableEntry>& entries);
+  // CUDA tensors, through `device_` (op_executor_device.cc).
+  Status ExecuteOnDevice(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
   // Records `activity` for the lifetime of the returned scope on the rows of the response's
   // tensors [first, last) (default: all of them).
   class Activity {
@@ -106,6 +116,7 @@ class OpExecutor {
   uint8_t* Buffer(int which, int64_t bytes);
 
   ops::Backend* backend_;
+  ops::DeviceCollectives* device_;
   const ProcessSetTable* sets_;
   Counters* counters_;
   timeline::Timeline* timeline_;

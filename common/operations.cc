@@ -9,6 +9,7 @@
 #include "common/names.h"
 #include "common/runtime.h"
 #include "ops/backend.h"
+#include "ops/device.h"
 #include "ops/nccl_info.h"
 
 namespace hvd {
@@ -148,5 +149,9 @@ Result<Stats> GetStats() {
 }
 
 int NcclBuilt() { return ops::NcclVersionCode(); }
+
+Status StreamWaitEvent(const Output& output, void* stream) {
+  return ops::StreamWaitEvent(output.ready_event, stream);
+}
 
 }  // namespace hvd

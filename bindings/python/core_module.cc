@@ -57,13 +57,15 @@ T Get(hvd::Result<T> r, bool at_enqueue = true) {
   return std::move(r).value();
 }
 
-// (data_ptr, dtype code, shape, device) from Python.
-using PyTensor = std::tuple<uintptr_t, int, std::vector<int64_t>, int>;
+// (data_ptr, dtype code, shape, device, stream) from Python; stream: the caller's current
+// cudaStream_t for CUDA tensors (0: the legacy default stream), ignored for CPU tensors.
+using PyTensor = std::tuple<uintptr_t, int, std::vector<int64_t>, int, uintptr_t>;
 
 hvd::TensorView ToView(const PyTensor& t) {
-  const auto& [ptr, dtype, shape, device] = t;
-  return hvd::TensorView{reinterpret_cast<void*>(ptr), static_cast<hvd::DataType>(dtype), shape,
-                         device};
+  const auto& [ptr, dtype, shape, device, stream] = t;
+  hvd::TensorView v{reinterpret_cast<void*>(ptr), static_cast<hvd::DataType>(dtype), shape, device};
+  v.stream = reinterpret_cast<void*>(stream);
+  return v;
 }
 
 std::vector<hvd::TensorView> ToViews(const std::vector<PyTensor>& ts) {
@@ -83,6 +85,35 @@ struct ResultBuffer {
   int64_t bytes = 0;
 };
 
+// A runtime-allocated result in CUDA memory, handed to torch through
+// __cuda_array_interface__ (torch.as_tensor keeps this object, and so the memory, alive).
+struct DeviceBuffer {
+  std::shared_ptr<void> data;
+  std::string typestr;  // numpy-style, e.g. "<f4"
+  std::vector<int64_t> shape;
+};
+
+std::string TypeStr(hvd::DataType t) {
+  switch (t) {
+    case hvd::DataType::kUInt8:
+      return "|u1";
+    case hvd::DataType::kInt8:
+      return "|i1";
+    case hvd::DataType::kInt32:
+      return "<i4";
+    case hvd::DataType::kInt64:
+      return "<i8";
+    case hvd::DataType::kFloat16:
+      return "<f2";
+    case hvd::DataType::kFloat32:
+      return "<f4";
+    case hvd::DataType::kFloat64:
+      return "<f8";
+    default:
+      return "<i2";  // bfloat16 (numpy has none): the torch layer views the bits as bfloat16
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -98,6 +129,18 @@ PYBIND11_MODULE(_core, m) {
                                {b.bytes}, {1});
       })
       .def("__len__", [](const ResultBuffer& b) { return b.bytes; });
+
+  py::class_<DeviceBuffer>(m, "DeviceBuffer")
+      .def_property_readonly("__cuda_array_interface__", [](const DeviceBuffer& b) {
+        py::dict d;
+        d["shape"] = py::tuple(py::cast(b.shape));
+        d["typestr"] = b.typestr;
+        d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(b.data.get()), false);
+        d["version"] = 2;
+        d["strides"] = py::none();
+        d["stream"] = py::none();  // ordering is handled by wait_outputs' stream wait
+        return d;
+      });
 
   // ---- dtype and op codes (shared with the Python layer) ----
   py::dict dtypes;
@@ -233,23 +276,33 @@ PYBIND11_MODULE(_core, m) {
     Check(s, /*at_enqueue=*/false);
   });
   // Returns [(buffer, dtype code, shape, received splits, value)] per output.
-  m.def("wait_outputs", [](int64_t handle) {
-    hvd::Result<std::vector<hvd::Output>> r(hvd::Status::Internal("unset"));
-    {
-      py::gil_scoped_release release;
-      r = hvd::WaitOutputs(handle);
-    }
-    std::vector<hvd::Output> outputs = Get(std::move(r), /*at_enqueue=*/false);
-    py::list result;
-    for (hvd::Output& o : outputs) {
-      py::object buffer = py::none();
-      if (o.data) {
-        const int64_t bytes = hvd::NumElements(o.shape) * hvd::DataTypeSize(o.dtype);
-        buffer = py::cast(ResultBuffer{o.data, bytes});
-      }
-      result.append(
-          py::make_tuple(buffer, static_cast<int>(o.dtype), o.shape, o.received_splits, o.value));
-    }
-    return result;
-  });
+  // stream: for CUDA operations, the cudaStream_t that will use the outputs; it is made to
+  // wait for the operation (the calling thread does not wait for the GPU).
+  m.def(
+      "wait_outputs",
+      [](int64_t handle, uintptr_t stream) {
+        hvd::Result<std::vector<hvd::Output>> r(hvd::Status::Internal("unset"));
+        {
+          py::gil_scoped_release release;
+          r = hvd::WaitOutputs(handle);
+        }
+        std::vector<hvd::Output> outputs = Get(std::move(r), /*at_enqueue=*/false);
+        py::list result;
+        for (hvd::Output& o : outputs) {
+          if (o.ready_event) {
+            Check(hvd::StreamWaitEvent(o, reinterpret_cast<void*>(stream)), /*at_enqueue=*/false);
+          }
+          py::object buffer = py::none();
+          if (o.data && o.ready_event) {
+            buffer = py::cast(DeviceBuffer{o.data, TypeStr(o.dtype), o.shape});
+          } else if (o.data) {
+            const int64_t bytes = hvd::NumElements(o.shape) * hvd::DataTypeSize(o.dtype);
+            buffer = py::cast(ResultBuffer{o.data, bytes});
+          }
+          result.append(py::make_tuple(buffer, static_cast<int>(o.dtype), o.shape,
+                                       o.received_splits, o.value));
+        }
+        return result;
+      },
+      py::arg("handle"), py::arg("stream") = 0);
 }

@@ -177,13 +177,27 @@ def _check_tensor(tensor, op, allow_bool=False):
 
 
 def _describe(tensor):
+    """(data_ptr, dtype code, shape, device, stream) for the core. A CUDA tensor travels with
+    the current stream of its device: the core's stream waits for it there."""
+    stream = 0
     if tensor.device.type == "cpu":
         device = _core.CPU_DEVICE
     elif tensor.device.type == "cuda":
         device = tensor.device.index
+        stream = torch.cuda.current_stream(tensor.device).cuda_stream
     else:
         raise ValueError("tensors on %s are not supported" % tensor.device)
-    return (tensor.data_ptr(), _TORCH_TO_CODE[tensor.dtype], list(tensor.shape), device)
+    return (tensor.data_ptr(), _TORCH_TO_CODE[tensor.dtype], list(tensor.shape), device, stream)
+
+
+def _cuda_stream_of(objects):
+    """The current stream of the first CUDA tensor among ``objects`` (nested one level), or
+    None when they are CPU tensors."""
+    for obj in objects:
+        for t in (obj if isinstance(obj, (list, tuple)) else [obj]):
+            if isinstance(t, torch.Tensor) and t.is_cuda:
+                return torch.cuda.current_stream(t.device).cuda_stream, t.device
+    return None
 
 
 def _in_place_target(tensor, op):
@@ -194,8 +208,9 @@ def _in_place_target(tensor, op):
 
 
 def _register(handle, kind, keep_alive, result):
+    cuda = _cuda_stream_of(keep_alive if isinstance(keep_alive, (list, tuple)) else [keep_alive])
     with _handle_lock:
-        _handle_map[handle] = (kind, keep_alive, result)
+        _handle_map[handle] = (kind, keep_alive, result, cuda)
     return handle
 
 
@@ -221,8 +236,13 @@ def handle_average_backwards_compatibility(op, average):
     return Average
 
 
-def _tensor_from_output(buffer, code, shape):
+def _tensor_from_output(buffer, code, shape, device=None):
     dtype = _CODE_TO_TORCH[code]
+    if isinstance(buffer, _core.DeviceBuffer):  # CUDA memory owned by the core
+        t = torch.as_tensor(buffer, device=device)
+        return t.view(dtype) if t.dtype != dtype else t
+    if device is not None:
+        return torch.empty(shape, dtype=dtype, device=device)
     if buffer is None or len(buffer) == 0:
         return torch.empty(shape, dtype=dtype)
     with warnings.catch_warnings():
@@ -651,12 +671,21 @@ def synchronize(handle):
         entry = _handle_map.pop(handle, None)
     if entry is None:
         return None
-    kind, _keep_alive, result = entry
-    if kind in ("single", "group"):
+    kind, _keep_alive, result, cuda = entry
+    if cuda is not None:
+        # CUDA: the handle completes once the work is enqueued; the current stream (not this
+        # thread) waits for it.
+        stream, device = torch.cuda.current_stream(cuda[1]).cuda_stream, cuda[1]
+        raw = _core.wait_outputs(handle, stream)
+    elif kind in ("single", "group"):
         _core.wait(handle)
         return result
-    raw = _core.wait_outputs(handle)  # [(buffer, dtype code, shape, received splits, value)]
-    outputs = [_tensor_from_output(buf, code, shape) for buf, code, shape, _, _ in raw]
+    else:
+        raw = _core.wait_outputs(handle)  # [(buffer, dtype code, shape, received splits, value)]
+        device = None
+    if kind in ("single", "group"):
+        return result
+    outputs = [_tensor_from_output(buf, code, shape, device) for buf, code, shape, _, _ in raw]
     if kind == "outputs":
         return outputs[0]
     if kind == "outputs_list":

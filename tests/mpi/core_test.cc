@@ -407,7 +407,15 @@ TEST(Core, BadInputIsRejectedLocallyWithAClearError) {
                 "root rank -1 is out of range");
   TensorView gpu = View(f.data(), {4});
   gpu.device = 0;
-  code_and_text(EnqueueAllreduce(gpu, gpu, "bad.gpu"), "supports CPU tensors only");
+  if (NcclBuilt() == 0) {
+    code_and_text(EnqueueAllreduce(gpu, gpu, "bad.gpu"),
+                  "tensor is on GPU:0, but this horovod_cpp was built without NCCL");
+  }
+  TensorView odd = View(f.data(), {4});
+  odd.device = -7;
+  code_and_text(EnqueueAllreduce(odd, odd, "bad.device"), "invalid device -7");
+  code_and_text(EnqueueAllreduce(View(f.data(), {4}), gpu, "bad.mixed"),
+                "output is on GPU:0 but input is on CPU");
   // The process keeps working.
   ASSERT_TRUE(
       Allreduce(View(f.data(), {4}), View(f.data(), {4}), "bad.after", {ReduceOp::kSum}).ok());

@@ -1,0 +1,73 @@
+"""CUDA tensors through the NCCL backend, one GPU per rank (device = local rank). Skipped, with
+the reason, where torch has no usable CUDA device (this machine: a CPU-only torch, no GPU)."""
+import pytest
+import torch
+
+import horovod_cpp.torch as hvd
+
+
+def test_nccl_built_is_the_version_code_or_zero():
+    code = hvd.nccl_built()
+    assert isinstance(code, int)
+    assert code == 0 or code >= 20000  # e.g. 22809 for NCCL 2.28.9
+
+
+def _gpu_or_skip():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: torch.cuda.is_available() is False")
+    if torch.cuda.device_count() < hvd.local_size():
+        pytest.skip("needs one GPU per rank: %d GPUs for %d ranks on this host"
+                    % (torch.cuda.device_count(), hvd.local_size()))
+    device = torch.device("cuda", hvd.local_rank())
+    torch.cuda.set_device(device)
+    return device
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                   torch.int32, torch.int64, torch.uint8, torch.int8])
+def test_allreduce_sum_matches_cpu(dtype):
+    device = _gpu_or_skip()
+    n = hvd.size()
+    base = (torch.arange(60) % 5 + 1).to(dtype)
+    got = hvd.allreduce(base.to(device) * 1, op=hvd.Sum, name="cuda.sum.%s" % dtype)
+    assert got.device == device
+    assert torch.equal(got.cpu(), base * n)
+
+
+def test_average_scaling_inplace_and_grouped():
+    device = _gpu_or_skip()
+    n, r = hvd.size(), hvd.rank()
+    x = torch.full((5, 3), float(r), device=device)
+    hvd.allreduce_(x, op=hvd.Average, prescale_factor=2.0, postscale_factor=0.5, name="cuda.avg")
+    assert torch.allclose(x.cpu(), torch.full((5, 3), (n - 1) / 2.0))
+    outs = hvd.grouped_allreduce([torch.ones(k + 1, device=device) for k in range(4)],
+                                 op=hvd.Sum, name="cuda.group")
+    assert [o.cpu().tolist() for o in outs] == [[float(n)] * (k + 1) for k in range(4)]
+
+
+def test_allgather_broadcast_alltoall_reducescatter():
+    device = _gpu_or_skip()
+    n, r = hvd.size(), hvd.rank()
+    g = hvd.allgather(torch.full((r + 1, 2), float(r), device=device), name="cuda.gather")
+    assert g.device == device
+    assert torch.equal(g.cpu(), torch.cat([torch.full((q + 1, 2), float(q)) for q in range(n)]))
+    b = hvd.broadcast(torch.full((3,), float(r), device=device), root_rank=n - 1, name="cuda.b")
+    assert b.cpu().tolist() == [float(n - 1)] * 3
+    send = torch.cat([torch.full((d + 1,), 100.0 * r + d) for d in range(n)]).to(device)
+    out, splits = hvd.alltoall(send, splits=torch.tensor([d + 1 for d in range(n)]),
+                               name="cuda.a2a")
+    assert splits.tolist() == [r + 1] * n
+    assert torch.equal(out.cpu(), torch.cat([torch.full((r + 1,), 100.0 * q + r)
+                                             for q in range(n)]))
+    rs = hvd.reducescatter(torch.ones(2 * n + 1, 2, device=device), op=hvd.Sum, name="cuda.rs")
+    assert rs.shape[0] == (3 if r == 0 else 2)
+    assert torch.equal(rs.cpu(), torch.full(tuple(rs.shape), float(n)))
+
+
+def test_cpu_on_one_rank_gpu_on_another_is_an_error_everywhere():
+    device = _gpu_or_skip()
+    if hvd.size() < 2:
+        pytest.skip("needs 2 ranks")
+    t = torch.ones(4, device=device) if hvd.rank() == 0 else torch.ones(4)
+    with pytest.raises(hvd.HorovodInternalError, match="mismatched devices"):
+        hvd.allreduce(t, name="cuda.mixed")
