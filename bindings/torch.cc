@@ -66,8 +66,14 @@ c10::ScalarType ScalarTypeOf(DataType t) {
 
 TensorView View(const ::torch::Tensor& t) {
   if (!t.defined()) Throw(Status::InvalidArgument("an undefined tensor was given"));
-  const int32_t device = t.is_cpu() ? kCpuDevice : t.device().index();
-  return TensorView{t.data_ptr(), DataTypeOf(t.scalar_type()), t.sizes().vec(), device};
+  if (!t.is_cpu()) {
+    // This API links the CPU LibTorch only (no c10::cuda streams); its results are host tensors.
+    Throw(Status::InvalidArgument(
+        "the LibTorch C++ API takes CPU tensors (got one on " + t.device().str() +
+        "); CUDA tensors go through horovod_cpp.torch in Python or the core C++ API "
+        "(hvd::TensorView with device and stream)"));
+  }
+  return TensorView{t.data_ptr(), DataTypeOf(t.scalar_type()), t.sizes().vec(), kCpuDevice};
 }
 
 ::torch::Tensor InPlace(::torch::Tensor& t, const char* op) {

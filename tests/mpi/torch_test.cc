@@ -139,6 +139,24 @@ void CheckAgainstOneProcess(const MakeOptimizer& make, int passes) {
   }
 }
 
+TEST(TorchCollectives, NonCpuTensorsGetAClearError) {
+  // A meta tensor stands in for a CUDA one (this LibTorch is CPU-only).
+  Tensor meta = ::torch::empty({4}, ::torch::TensorOptions().device(::torch::kMeta));
+  try {
+    ht::Allreduce(meta, "torch.meta");
+    FAIL() << "a non-CPU tensor must be rejected";
+  } catch (const ht::Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("the LibTorch C++ API takes CPU tensors (got one on meta)"),
+        std::string::npos)
+        << e.what();
+  }
+  Tensor ok = ::torch::ones({2});
+  const int size = ht::Size();
+  EXPECT_TRUE(::torch::equal(ht::Allreduce(ok, "torch.after.meta", {ReduceOp::kSum}),
+                             ::torch::full({2}, static_cast<float>(size))));
+}
+
 TEST(TorchDistributedOptimizer, SgdWithMomentumMatchesOneProcess) {
   for (int passes : {1, 2}) {
     CheckAgainstOneProcess(
