@@ -123,7 +123,7 @@ TEST(Nccl, WithoutAGpuCudaOperationsFailCleanlyOnEveryRank) {
   EXPECT_EQ(y[1], N() * (N() + 1) / 2.0);
 }
 
-// ---- GPU tests (skip without a GPU) ------------------------------------------------------
+// ---- GPU tests (suite NcclGpu: skip without a GPU; ctest reports them as skipped) --------
 
 template <typename T>
 void AllreduceOne(int dev, ReduceOp op, const std::string& name) {
@@ -152,7 +152,7 @@ void AllreduceOne(int dev, ReduceOp op, const std::string& name) {
   cudaStreamDestroy(stream);
 }
 
-TEST(Nccl, AllreduceEveryOpAndDtype) {
+TEST(NcclGpu, AllreduceEveryOpAndDtype) {
   REQUIRE_GPU();
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax}) {
     const std::string o = std::to_string(static_cast<int>(op));
@@ -166,7 +166,7 @@ TEST(Nccl, AllreduceEveryOpAndDtype) {
   AllreduceOne<double>(dev, ReduceOp::kAverage, "nccl.f64.avg");
 }
 
-TEST(Nccl, FusedAllreduceWithScalingCompletesThroughEvents) {
+TEST(NcclGpu, FusedAllreduceWithScalingCompletesThroughEvents) {
   REQUIRE_GPU();
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
@@ -190,7 +190,7 @@ TEST(Nccl, FusedAllreduceWithScalingCompletesThroughEvents) {
   cudaStreamDestroy(stream);
 }
 
-TEST(Nccl, BroadcastAllgatherAlltoallReducescatter) {
+TEST(NcclGpu, BroadcastAllgatherAlltoallReducescatter) {
   REQUIRE_GPU();
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
