@@ -135,33 +135,29 @@ class NcclCollectives : public DeviceCollectives {
     HVD_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(dtype));
     HVD_ASSIGN_OR_RETURN(OwnedOp red, RedOp(op, scale, dtype, p.comm));
     const int64_t elem = DataTypeSize(dtype);
-    Status status = Status::OK();
     if (tensors.size() == 1) {
       const DeviceTensor& t = tensors[0];
-      status = NcclStatus(ncclAllReduce(t.input, t.output, static_cast<size_t>(t.count), type,
-                                        red.op, p.comm, p.stream));
-    } else {
-      int64_t total = 0;
-      for (const DeviceTensor& t : tensors) total += t.count;
-      HVD_ASSIGN_OR_RETURN(uint8_t * buf, Fusion(device, total * elem));
-      int64_t at = 0;
-      for (const DeviceTensor& t : tensors) {
-        HVD_CUDA_CHECK(cudaMemcpyAsync(buf + at, t.input, static_cast<size_t>(t.count * elem),
-                                       cudaMemcpyDeviceToDevice, p.stream));
-        at += t.count * elem;
-      }
-      status = NcclStatus(
-          ncclAllReduce(buf, buf, static_cast<size_t>(total), type, red.op, p.comm, p.stream));
-      at = 0;
-      for (const DeviceTensor& t : tensors) {
-        if (!status.ok()) break;
-        HVD_CUDA_CHECK(cudaMemcpyAsync(t.output, buf + at, static_cast<size_t>(t.count * elem),
-                                       cudaMemcpyDeviceToDevice, p.stream));
-        at += t.count * elem;
-      }
+      HVD_RETURN_IF_ERROR(NcclStatus(ncclAllReduce(t.input, t.output, static_cast<size_t>(t.count),
+                                                   type, red.get(), p.comm, p.stream),
+                                     "ncclAllReduce"));
+      return Done(p.stream);
     }
-    if (red.custom) ncclRedOpDestroy(red.op, p.comm);
-    HVD_RETURN_IF_ERROR(status);
+    int64_t total = 0;
+    for (const DeviceTensor& t : tensors) total += t.count;
+    HVD_ASSIGN_OR_RETURN(uint8_t * buf, Fusion(device, total * elem));
+    int64_t at = 0;
+    for (const DeviceTensor& t : tensors) {
+      HVD_RETURN_IF_ERROR(CopyAsync(buf + at, t.input, t.count * elem, p.stream));
+      at += t.count * elem;
+    }
+    HVD_RETURN_IF_ERROR(NcclStatus(
+        ncclAllReduce(buf, buf, static_cast<size_t>(total), type, red.get(), p.comm, p.stream),
+        "ncclAllReduce"));
+    at = 0;
+    for (const DeviceTensor& t : tensors) {
+      HVD_RETURN_IF_ERROR(CopyAsync(t.output, buf + at, t.count * elem, p.stream));
+      at += t.count * elem;
+    }
     return Done(p.stream);
   }
 
@@ -182,20 +178,17 @@ class NcclCollectives : public DeviceCollectives {
     HVD_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(dtype));
     const int64_t elem = DataTypeSize(dtype);
     auto* out = static_cast<uint8_t*>(recv);
-    HVD_NCCL_CHECK(ncclGroupStart());
-    for (int r = 0; r < set_size; ++r) {
-      const size_t n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
-      if (n == 0) continue;
-      const ncclResult_t rc =
-          ncclBroadcast(r == set_rank ? send : nullptr, out + displs[static_cast<size_t>(r)] * elem,
-                        n, type, r, p.comm, p.stream);
-      if (rc != ncclSuccess) {
-        ncclGroupEnd();
-        return Status::Unavailable(std::string("NCCL error in ncclBroadcast: ") +
-                                   ncclGetErrorString(rc));
+    HVD_RETURN_IF_ERROR(Grouped([&]() -> Status {
+      for (int r = 0; r < set_size; ++r) {
+        const size_t n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
+        if (n == 0) continue;
+        HVD_RETURN_IF_ERROR(NcclStatus(ncclBroadcast(r == set_rank ? send : nullptr,
+                                                     out + displs[static_cast<size_t>(r)] * elem, n,
+                                                     type, r, p.comm, p.stream),
+                                       "ncclBroadcast"));
       }
-    }
-    HVD_NCCL_CHECK(ncclGroupEnd());
+      return Status::OK();
+    }));
     return Done(p.stream);
   }
 
@@ -209,25 +202,24 @@ class NcclCollectives : public DeviceCollectives {
     const int64_t elem = DataTypeSize(dtype);
     const auto* in = static_cast<const uint8_t*>(send);
     auto* out = static_cast<uint8_t*>(recv);
-    HVD_NCCL_CHECK(ncclGroupStart());
-    for (int r = 0; r < set_size; ++r) {
-      const size_t i = static_cast<size_t>(r);
-      ncclResult_t rc = ncclSuccess;
-      if (send_counts[i] > 0) {
-        rc = ncclSend(in + send_displs[i] * elem, static_cast<size_t>(send_counts[i]), type, r,
-                      p.comm, p.stream);
+    HVD_RETURN_IF_ERROR(Grouped([&]() -> Status {
+      for (int r = 0; r < set_size; ++r) {
+        const size_t i = static_cast<size_t>(r);
+        if (send_counts[i] > 0) {
+          HVD_RETURN_IF_ERROR(
+              NcclStatus(ncclSend(in + send_displs[i] * elem, static_cast<size_t>(send_counts[i]),
+                                  type, r, p.comm, p.stream),
+                         "ncclSend"));
+        }
+        if (recv_counts[i] > 0) {
+          HVD_RETURN_IF_ERROR(
+              NcclStatus(ncclRecv(out + recv_displs[i] * elem, static_cast<size_t>(recv_counts[i]),
+                                  type, r, p.comm, p.stream),
+                         "ncclRecv"));
+        }
       }
-      if (rc == ncclSuccess && recv_counts[i] > 0) {
-        rc = ncclRecv(out + recv_displs[i] * elem, static_cast<size_t>(recv_counts[i]), type, r,
-                      p.comm, p.stream);
-      }
-      if (rc != ncclSuccess) {
-        ncclGroupEnd();
-        return Status::Unavailable(std::string("NCCL error in ncclSend/ncclRecv: ") +
-                                   ncclGetErrorString(rc));
-      }
-    }
-    HVD_NCCL_CHECK(ncclGroupEnd());
+      return Status::OK();
+    }));
     return Done(p.stream);
   }
 
@@ -241,20 +233,20 @@ class NcclCollectives : public DeviceCollectives {
     HVD_ASSIGN_OR_RETURN(OwnedOp red, RedOp(op, scale, dtype, p.comm));
     const int64_t elem = DataTypeSize(dtype);
     const auto* in = static_cast<const uint8_t*>(send);
-    Status status = NcclStatus(ncclGroupStart());
-    int64_t offset = 0;
-    for (int r = 0; r < set_size && status.ok(); ++r) {
-      const int64_t n = recv_counts[static_cast<size_t>(r)];
-      if (n > 0) {
-        status = NcclStatus(ncclReduce(in + offset * elem, r == set_rank ? recv : nullptr,
-                                       static_cast<size_t>(n), type, red.op, r, p.comm, p.stream));
+    HVD_RETURN_IF_ERROR(Grouped([&]() -> Status {
+      int64_t offset = 0;
+      for (int r = 0; r < set_size; ++r) {
+        const int64_t n = recv_counts[static_cast<size_t>(r)];
+        if (n > 0) {
+          HVD_RETURN_IF_ERROR(
+              NcclStatus(ncclReduce(in + offset * elem, r == set_rank ? recv : nullptr,
+                                    static_cast<size_t>(n), type, red.get(), r, p.comm, p.stream),
+                         "ncclReduce"));
+        }
+        offset += n;
       }
-      offset += n;
-    }
-    const Status ended = NcclStatus(ncclGroupEnd());
-    if (red.custom) ncclRedOpDestroy(red.op, p.comm);
-    HVD_RETURN_IF_ERROR(status);
-    HVD_RETURN_IF_ERROR(ended);
+      return Status::OK();
+    }));
     return Done(p.stream);
   }
 
@@ -280,14 +272,46 @@ class NcclCollectives : public DeviceCollectives {
     ncclComm_t comm;
     cudaStream_t stream;
   };
-  struct OwnedOp {
-    ncclRedOp_t op;
-    bool custom;
+  // A reduction op; a custom one (PreMulSum) is destroyed with this object, on every path.
+  class OwnedOp {
+   public:
+    explicit OwnedOp(ncclRedOp_t op, ncclComm_t custom_comm = nullptr)
+        : op_(op), comm_(custom_comm) {}
+    OwnedOp(OwnedOp&& o) noexcept : op_(o.op_), comm_(std::exchange(o.comm_, nullptr)) {}
+    OwnedOp(const OwnedOp&) = delete;
+    OwnedOp& operator=(const OwnedOp&) = delete;
+    OwnedOp& operator=(OwnedOp&&) = delete;
+    ~OwnedOp() {
+      if (comm_ != nullptr) ncclRedOpDestroy(op_, comm_);
+    }
+    ncclRedOp_t get() const { return op_; }
+
+   private:
+    ncclRedOp_t op_;
+    ncclComm_t comm_;  // set only for a custom op
   };
 
-  static Status NcclStatus(ncclResult_t rc) {
+  static Status NcclStatus(ncclResult_t rc, const char* call) {
     if (rc == ncclSuccess) return Status::OK();
-    return Status::Unavailable(std::string("NCCL error: ") + ncclGetErrorString(rc));
+    return Status::Unavailable(std::string("NCCL error in ") + call + ": " +
+                               ncclGetErrorString(rc));
+  }
+
+  // Runs `calls` between ncclGroupStart and ncclGroupEnd; the group is ended even when one of
+  // the calls fails, and the first error wins.
+  template <typename Calls>
+  static Status Grouped(Calls calls) {
+    HVD_NCCL_CHECK(ncclGroupStart());
+    const Status status = calls();
+    const Status ended = NcclStatus(ncclGroupEnd(), "ncclGroupEnd");
+    HVD_RETURN_IF_ERROR(status);
+    return ended;
+  }
+
+  static Status CopyAsync(void* dst, const void* src, int64_t bytes, cudaStream_t stream) {
+    HVD_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream));
+    return Status::OK();
   }
 
   // The device's stream (created once), made to wait for the caller's stream, and the set's
@@ -354,19 +378,19 @@ class NcclCollectives : public DeviceCollectives {
       ncclRedOp_t custom;
       HVD_NCCL_CHECK(
           ncclRedOpCreatePreMulSum(&custom, scalar, type, ncclScalarHostImmediate, comm));
-      return OwnedOp{custom, true};
+      return OwnedOp(custom, comm);
     }
     switch (op) {
       case ReduceOp::kSum:
-        return OwnedOp{ncclSum, false};
+        return OwnedOp(ncclSum);
       case ReduceOp::kAverage:
-        return OwnedOp{ncclAvg, false};
+        return OwnedOp(ncclAvg);
       case ReduceOp::kMin:
-        return OwnedOp{ncclMin, false};
+        return OwnedOp(ncclMin);
       case ReduceOp::kMax:
-        return OwnedOp{ncclMax, false};
+        return OwnedOp(ncclMax);
       case ReduceOp::kProduct:
-        return OwnedOp{ncclProd, false};
+        return OwnedOp(ncclProd);
       default:
         return Status::InvalidArgument("reduction not supported on CUDA tensors");
     }
