@@ -12,12 +12,6 @@
 namespace hvd {
 namespace {
 
-std::vector<int64_t> Displacements(const std::vector<int64_t>& counts) {
-  std::vector<int64_t> d(counts.size(), 0);
-  for (size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
-  return d;
-}
-
 // A runtime-owned result buffer (at least one byte, so that empty results have an address).
 std::shared_ptr<void> Allocate(int64_t bytes) {
   void* p = std::malloc(static_cast<size_t>(std::max<int64_t>(bytes, 1)));

@@ -79,12 +79,11 @@ Status OpExecutor::ExecuteOnDevice(const Response& r, const Set& set,
       const size_t n = static_cast<size_t>(set.size);
       for (size_t t = 0; t < entries.size(); ++t) {
         TensorTableEntry& e = entries[t];
-        std::vector<int64_t> counts(n), displs(n, 0);
+        std::vector<int64_t> counts(n);
         int64_t dim0 = 0;
         for (size_t q = 0; q < n; ++q) {
           const int64_t rows = r.rank_sizes[t * n + q];
           counts[q] = rows * r.tensor_sizes[t];
-          if (q > 0) displs[q] = displs[q - 1] + counts[q - 1];
           dim0 += rows;
         }
         TensorShape shape = e.input.shape;
@@ -94,10 +93,10 @@ Status OpExecutor::ExecuteOnDevice(const Response& r, const Set& set,
         e.result->shape = shape;
         counters_->allgather_calls.fetch_add(1, std::memory_order_relaxed);
         auto scope = Activity(this, device_->ActivityName(r.type), t, t + 1);
-        HVD_RETURN_IF_ERROR(
-            done(device_->Allgatherv(r.process_set_id, set.size, set.rank, device, stream,
-                                     e.input.data, e.result->data.get(), counts, displs, r.dtype),
-                 t, t + 1));
+        HVD_RETURN_IF_ERROR(done(
+            device_->Allgatherv(r.process_set_id, set.size, set.rank, device, stream, e.input.data,
+                                e.result->data.get(), counts, Displacements(counts), r.dtype),
+            t, t + 1));
       }
       return Status::OK();
     }
@@ -105,17 +104,13 @@ Status OpExecutor::ExecuteOnDevice(const Response& r, const Set& set,
       const size_t n = static_cast<size_t>(set.size), me = static_cast<size_t>(set.rank);
       const int64_t row = r.tensor_sizes.front();
       TensorTableEntry& e = entries.front();
-      std::vector<int64_t> send_counts(n), recv_counts(n), received(n), sd(n, 0), rd(n, 0);
+      std::vector<int64_t> send_counts(n), recv_counts(n), received(n);
       int64_t rows_in = 0;
       for (size_t d = 0; d < n; ++d) {
         send_counts[d] = r.rank_sizes[me * n + d] * row;
         received[d] = r.rank_sizes[d * n + me];
         recv_counts[d] = received[d] * row;
         rows_in += received[d];
-        if (d > 0) {
-          sd[d] = sd[d - 1] + send_counts[d - 1];
-          rd[d] = rd[d - 1] + recv_counts[d - 1];
-        }
       }
       TensorShape shape = e.input.shape;
       shape[0] = rows_in;
@@ -127,7 +122,8 @@ Status OpExecutor::ExecuteOnDevice(const Response& r, const Set& set,
       auto scope = Activity(this, device_->ActivityName(r.type));
       return done(
           device_->Alltoallv(r.process_set_id, set.size, set.rank, device, stream, e.input.data,
-                             send_counts, sd, e.result->data.get(), recv_counts, rd, r.dtype),
+                             send_counts, Displacements(send_counts), e.result->data.get(),
+                             recv_counts, Displacements(recv_counts), r.dtype),
           0, 1);
     }
     case OpType::kReducescatter: {

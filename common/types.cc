@@ -188,4 +188,10 @@ int64_t RowElements(const TensorShape& shape) {
   return n;
 }
 
+std::vector<int64_t> Displacements(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> d(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
+  return d;
+}
+
 }  // namespace hvd

@@ -83,6 +83,8 @@ using TensorShape = std::vector<int64_t>;
 int64_t NumElements(const TensorShape& shape);
 // Elements of one row along dim 0: the product of the dimensions after the first.
 int64_t RowElements(const TensorShape& shape);
+// Where each of `counts` starts when they are laid out back to back (exclusive prefix sums).
+std::vector<int64_t> Displacements(const std::vector<int64_t>& counts);
 // "[128, 64]"; "[]" for a scalar.
 std::string ShapeToString(const TensorShape& shape);
 // "CPU" or "GPU:<ordinal>".
