@@ -144,29 +144,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             else:
                 return self._sparse_allreduce_grad_async(p, name)
         tensor_compressed, ctx = self._compression.compress(tensor)
-        if self.op == Average:
-            # Split the average into a division before and after the sum, to avoid overflow
-            # of low-precision types: prescale 1/f, postscale f (the core divides by size).
-            prescale_factor = 1.0 / self.gradient_predivide_factor
-            postscale_factor = self.gradient_predivide_factor
-        else:
-            prescale_factor = 1.0
-            postscale_factor = 1.0
+        prescale_factor, postscale_factor = self._scale_factors()
         handle = allreduce_async_(tensor_compressed, name=name, op=self.op,
                                   prescale_factor=prescale_factor,
                                   postscale_factor=postscale_factor,
                                   process_set=self.process_set)
         return handle, ctx
 
+    def _scale_factors(self):
+        """(prescale, postscale) of a gradient allreduce. Average is split into a division
+        before and after the sum, to avoid overflow of low-precision types: prescale 1/f,
+        postscale f (the core divides by size)."""
+        if self.op == Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
     def _grouped_allreduce_grad_async(self, ps):
         name = self._parameter_names.get(ps[0])
         tensors_compressed, ctxs = zip(*[self._compression.compress(p.grad) for p in ps])
-        if self.op == Average:
-            prescale_factor = 1.0 / self.gradient_predivide_factor
-            postscale_factor = self.gradient_predivide_factor
-        else:
-            prescale_factor = 1.0
-            postscale_factor = 1.0
+        prescale_factor, postscale_factor = self._scale_factors()
         handle = grouped_allreduce_async_(list(tensors_compressed), name=name, op=self.op,
                                           prescale_factor=prescale_factor,
                                           postscale_factor=postscale_factor,
