@@ -190,13 +190,13 @@ def _describe(tensor):
     return (tensor.data_ptr(), _TORCH_TO_CODE[tensor.dtype], list(tensor.shape), device, stream)
 
 
-def _cuda_stream_of(objects):
-    """The current stream of the first CUDA tensor among ``objects`` (nested one level), or
-    None when they are CPU tensors."""
+def _cuda_device_of(objects):
+    """The device of the first CUDA tensor among ``objects`` (nested one level), or None when
+    they are CPU tensors."""
     for obj in objects:
         for t in (obj if isinstance(obj, (list, tuple)) else [obj]):
             if isinstance(t, torch.Tensor) and t.is_cuda:
-                return torch.cuda.current_stream(t.device).cuda_stream, t.device
+                return t.device
     return None
 
 
@@ -208,9 +208,10 @@ def _in_place_target(tensor, op):
 
 
 def _register(handle, kind, keep_alive, result):
-    cuda = _cuda_stream_of(keep_alive if isinstance(keep_alive, (list, tuple)) else [keep_alive])
+    device = _cuda_device_of(keep_alive if isinstance(keep_alive, (list, tuple))
+                             else [keep_alive])
     with _handle_lock:
-        _handle_map[handle] = (kind, keep_alive, result, cuda)
+        _handle_map[handle] = (kind, keep_alive, result, device)
     return handle
 
 
@@ -671,18 +672,16 @@ def synchronize(handle):
         entry = _handle_map.pop(handle, None)
     if entry is None:
         return None
-    kind, _keep_alive, result, cuda = entry
-    if cuda is not None:
+    kind, _keep_alive, result, device = entry
+    if device is not None:
         # CUDA: the handle completes once the work is enqueued; the current stream (not this
         # thread) waits for it.
-        stream, device = torch.cuda.current_stream(cuda[1]).cuda_stream, cuda[1]
-        raw = _core.wait_outputs(handle, stream)
+        raw = _core.wait_outputs(handle, torch.cuda.current_stream(device).cuda_stream)
     elif kind in ("single", "group"):
         _core.wait(handle)
         return result
     else:
         raw = _core.wait_outputs(handle)  # [(buffer, dtype code, shape, received splits, value)]
-        device = None
     if kind in ("single", "group"):
         return result
     outputs = [_tensor_from_output(buf, code, shape, device) for buf, code, shape, _, _ in raw]
