@@ -73,7 +73,8 @@ Status CheckTensor(const std::string& what, const TensorView& input, const Tenso
     }
   }
   // The routing rule (ops/device.h): CPU tensors go to MPI, CUDA tensors to NCCL.
-  const Result<ops::Route> route = ops::RouteFor(input.device, ops::NcclVersionCode() != 0);
+  static const bool nccl_built = ops::NcclVersionCode() != 0;  // once, not per enqueue
+  const Result<ops::Route> route = ops::RouteFor(input.device, nccl_built);
   if (!route.ok()) return Status::InvalidArgument(what + ": " + route.status().message());
   if (output && output->device != input.device) {
     return Status::InvalidArgument(what + ": output is on " + DeviceToString(output->device) +
