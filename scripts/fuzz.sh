@@ -14,8 +14,9 @@ cmake -S fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelW
 cmake --build build-fuzz -j 2 >/dev/null
 if ((seeds)); then build-fuzz/make_seeds fuzz/corpus/wire; exit 0; fi
 
+targets=(wire config)
 pids=()
-for target in wire config; do
+for target in "${targets[@]}"; do
   work="build-fuzz/corpus-$target"
   mkdir -p "$work"
   # The repo's seeds plus whatever earlier runs found; the repo corpus is never written.
@@ -26,7 +27,7 @@ for target in wire config; do
 done
 status=0
 for i in "${!pids[@]}"; do
-  target=$([[ $i -eq 0 ]] && echo wire || echo config)
+  target=${targets[$i]}
   if ! wait "${pids[$i]}"; then
     status=1
     echo "fuzz.sh: ${target}_fuzz FAILED; log: build-fuzz/fuzz-$target.log" >&2

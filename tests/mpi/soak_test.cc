@@ -274,8 +274,7 @@ TEST(Soak, MixedOperationsCompleteOnceExactlyWithFlatMemory) {
   constexpr int kWindow = 48;
   // Two sets besides the global one: the even ranks, and every rank but 0 (at np=2: {0}, {1}).
   std::vector<int> evens, tail;
-  for (int r = 0; r < N(); ++r) (r % 2 ? tail : evens).push_back(r);
-  tail.clear();
+  for (int r = 0; r < N(); r += 2) evens.push_back(r);
   for (int r = 1; r < N(); ++r) tail.push_back(r);
   std::vector<ProcessSetInfo> sets{*GetProcessSet(kGlobalProcessSetId)};
   for (const auto& ranks : {evens, tail}) {
