@@ -174,7 +174,7 @@ Result<Handle> Submit(std::vector<TensorTableEntry> entries, StatusCallback call
       R().handles.Complete(handle, group->status, std::move(done));
     };
   }
-  Status added = rt.queue.Add(std::move(entries));
+  Status added = rt.queue.Add(std::move(entries), handle);
   if (!added.ok()) {
     rt.handles.Release(handle);
     return added;

@@ -132,6 +132,7 @@ struct Stats {
   // Sizes of the internal tables (for leak checks; steady in a steady job):
   uint64_t live_handles = 0;         // handles not yet released by Wait/WaitOutputs
   uint64_t queued_tensors = 0;       // entries submitted and not yet completed
+  uint64_t reserved_names = 0;       // names submitted whose handle is not yet waited for
   uint64_t cache_entries = 0;        // response-cache entries
   uint64_t coordinator_pending = 0;  // tensors rank 0 is negotiating (0 on other ranks)
 };

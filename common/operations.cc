@@ -136,15 +136,25 @@ Status StopTimeline() {
 
 Result<bool> Poll(Handle handle) { return R().handles.Poll(handle); }
 
-Status Wait(Handle handle) { return R().handles.Wait(handle); }
+// A waited handle's names may be submitted again (TensorQueue reserves them until then).
+Status Wait(Handle handle) {
+  Status s = R().handles.Wait(handle);
+  R().queue.ReleaseNames(handle);
+  return s;
+}
 
-Result<std::vector<Output>> WaitOutputs(Handle handle) { return R().handles.WaitOutputs(handle); }
+Result<std::vector<Output>> WaitOutputs(Handle handle) {
+  Result<std::vector<Output>> r = R().handles.WaitOutputs(handle);
+  R().queue.ReleaseNames(handle);
+  return r;
+}
 
 Result<Stats> GetStats() {
   HVD_RETURN_IF_ERROR(CheckStarted());
   Stats s = R().counters.Snapshot();
   s.live_handles = R().handles.size();
   s.queued_tensors = R().queue.size();
+  s.reserved_names = R().queue.reserved();
   return s;
 }
 

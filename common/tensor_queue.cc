@@ -6,7 +6,7 @@
 
 namespace hvd {
 
-Status TensorQueue::Add(std::vector<TensorTableEntry> entries) {
+Status TensorQueue::Add(std::vector<TensorTableEntry> entries, Handle handle) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return closed_status_;
@@ -18,23 +18,35 @@ Status TensorQueue::Add(std::vector<TensorTableEntry> entries) {
                                        "': process set " + std::to_string(r.process_set_id) +
                                        " has been removed");
       }
-      if (table_.count(r.key()) || !seen.insert(r.tensor_name).second) {
+      if (reserved_.count(r.key()) || !seen.insert(r.tensor_name).second) {
         return Status::FailedPrecondition(
             std::string(OpTypeLowerName(r.type)) + " '" + r.tensor_name +
-            "': a tensor with this name is already in flight; wait for it to complete, or give "
-            "each concurrent operation a unique name");
+            "': a tensor with this name is already in flight (submitted, and its handle not "
+            "yet synchronized); synchronize it first, or give each concurrent operation a "
+            "unique name");
       }
     }
     const bool was_idle = new_requests_.empty();
+    std::vector<TensorKey>& names = reserved_by_handle_[handle];
     for (TensorTableEntry& e : entries) {
       new_requests_.push_back(e.request);
       TensorKey key = e.request.key();
+      reserved_.insert(key);
+      names.push_back(key);
       table_.emplace(std::move(key), std::move(e));
     }
     if (!was_idle) return Status::OK();  // the background thread has already been woken
   }
   cv_.notify_one();
   return Status::OK();
+}
+
+void TensorQueue::ReleaseNames(Handle handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reserved_by_handle_.find(handle);
+  if (it == reserved_by_handle_.end()) return;
+  for (const TensorKey& key : it->second) reserved_.erase(key);
+  reserved_by_handle_.erase(it);
 }
 
 std::vector<Request> TensorQueue::PopNewRequests() {
@@ -128,11 +140,18 @@ void TensorQueue::Reset() {
   table_.clear();
   new_requests_.clear();
   removed_sets_.clear();
+  reserved_.clear();
+  reserved_by_handle_.clear();
 }
 
 size_t TensorQueue::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return table_.size();
+}
+
+size_t TensorQueue::reserved() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reserved_.size();
 }
 
 }  // namespace hvd

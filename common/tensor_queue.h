@@ -7,9 +7,11 @@
 // the tensors it is about to run. All state is behind one mutex. Adding wakes the background
 // thread at once.
 //
-// Names are unique per process set while in flight: adding a name that is still pending is
-// rejected. Close() fails every entry still queued and makes later Add()s fail, so no entry
-// is ever lost or completed twice.
+// Names are unique per process set until their handle is released: a name is reserved from
+// Add() until the caller has waited for its handle (ReleaseNames), not merely until its
+// collective has run, so submitting a name again before synchronizing the first handle is
+// rejected whatever the timing. Close() fails every entry still queued and makes later Add()s
+// fail, so no entry is ever lost or completed twice.
 
 #include <chrono>
 #include <condition_variable>
@@ -45,9 +47,13 @@ class TensorQueue {
   TensorQueue(const TensorQueue&) = delete;
   TensorQueue& operator=(const TensorQueue&) = delete;
 
-  // Any thread. Adds all entries or none: fails if the queue is closed or any name is already
-  // in flight (or repeated within `entries`). Wakes the background thread.
-  Status Add(std::vector<TensorTableEntry> entries);
+  // Any thread. Adds all entries or none under `handle`: fails if the queue is closed or any
+  // name is still reserved (or repeated within `entries`). Wakes the background thread.
+  Status Add(std::vector<TensorTableEntry> entries, Handle handle);
+
+  // Any thread. Frees the names reserved under `handle` (its caller has waited for it).
+  // Idempotent; a handle of an earlier Init (before Reset) reserves nothing.
+  void ReleaseNames(Handle handle);
 
   // Background thread. Moves out the Requests added since the last call.
   std::vector<Request> PopNewRequests();
@@ -76,12 +82,17 @@ class TensorQueue {
   size_t FailProcessSet(int32_t process_set_id, const Status& status);
 
   size_t size() const;
+  // Names reserved (queued, running, or completed but not yet waited for).
+  size_t reserved() const;
 
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<TensorKey, TensorTableEntry, TensorKeyHash> table_ HVD_GUARDED_BY(mu_);
   std::vector<Request> new_requests_ HVD_GUARDED_BY(mu_);
+  // Names reserved until their handle is released, and each handle's names.
+  std::unordered_set<TensorKey, TensorKeyHash> reserved_ HVD_GUARDED_BY(mu_);
+  std::unordered_map<Handle, std::vector<TensorKey>> reserved_by_handle_ HVD_GUARDED_BY(mu_);
   bool shutdown_requested_ HVD_GUARDED_BY(mu_) = false;
   bool closed_ HVD_GUARDED_BY(mu_) = false;
   // Removed process sets (ids are never reused): adds for them fail, so no entry can slip in

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -323,6 +324,73 @@ TEST(Core, DuplicateNameInFlightIsRejectedAtEnqueue) {
   ASSERT_TRUE(Wait(*h).ok());
   EXPECT_EQ(a[0], static_cast<float>(N()));
   EXPECT_EQ(b[0], 1.0f);  // the rejected tensor was never touched
+}
+
+// A name stays reserved until its handle is waited, not only until its collective has run:
+// with a fast core the first operation is usually complete before the caller submits the name
+// again, and that second submission would never find a partner on the other ranks. For every
+// operation kind (grouped forms too): the first one is complete (Poll says so), the second
+// is still rejected; after Wait the name can be used again.
+TEST(Core, DuplicateNameIsRejectedUntilItsHandleIsWaited) {
+  std::vector<float> v(static_cast<size_t>(2 * N()), static_cast<float>(R() + 1));
+  std::vector<float> out(v.size()), out2(v.size());
+  const TensorShape full{2 * N()}, share{2};
+  auto in = [&] { return View(v.data(), full); };
+  struct Kind {
+    const char* name;
+    std::function<Result<Handle>(const std::string&)> submit;
+  };
+  const std::vector<Kind> kinds = {
+      {"allreduce",
+       [&](const std::string& n) {
+         return EnqueueAllreduce(in(), View(out.data(), full), n, {ReduceOp::kSum});
+       }},
+      {"broadcast",
+       [&](const std::string& n) {
+         return EnqueueBroadcast(in(), View(out.data(), full), 0, n);
+       }},
+      {"allgather", [&](const std::string& n) { return EnqueueAllgather(in(), n); }},
+      {"alltoall", [&](const std::string& n) { return EnqueueAlltoall(in(), {}, n); }},
+      {"reducescatter",
+       [&](const std::string& n) {
+         return EnqueueReducescatter(in(), View(out.data(), share), n, {ReduceOp::kSum});
+       }},
+      {"grouped_allreduce",
+       [&](const std::string& n) {
+         return EnqueueGroupedAllreduce({in(), in()},
+                                        {View(out.data(), full), View(out2.data(), full)}, n,
+                                        {ReduceOp::kSum});
+       }},
+      {"grouped_allgather",
+       [&](const std::string& n) { return EnqueueGroupedAllgather({in(), in()}, n); }},
+      {"grouped_reducescatter",
+       [&](const std::string& n) {
+         return EnqueueGroupedReducescatter(
+             {in(), in()}, {View(out.data(), share), View(out2.data(), share)}, n,
+             {ReduceOp::kSum});
+       }},
+  };
+  for (const Kind& kind : kinds) {
+    const std::string name = std::string("reserved.") + kind.name;
+    Result<Handle> first = kind.submit(name);
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!*Poll(*first) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(*Poll(*first)) << kind.name << " did not complete";
+    Result<Handle> again = kind.submit(name);
+    ASSERT_FALSE(again.ok()) << kind.name << ": the second submission was accepted";
+    EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition) << kind.name;
+    EXPECT_NE(again.status().message().find("already in flight"), std::string::npos)
+        << again.status().message();
+    ASSERT_TRUE(WaitOutputs(*first).ok()) << kind.name;
+    // Waited: the name is free again, on every rank alike, and the operation pairs up.
+    Result<Handle> third = kind.submit(name);
+    ASSERT_TRUE(third.ok()) << kind.name << ": " << third.status().ToString();
+    ASSERT_TRUE(WaitOutputs(*third).ok()) << kind.name;
+  }
+  EXPECT_EQ(GetStats()->reserved_names, 0u);
 }
 
 TEST(Core, FusionMergesSmallTensorsIntoFewCalls) {

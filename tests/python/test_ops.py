@@ -231,6 +231,39 @@ def test_duplicate_name_in_flight_is_a_value_error():
     hvd.synchronize(handle)
 
 
+DUPLICATE_SUBMITTERS = {
+    "allreduce": lambda n: hvd.allreduce_async(torch.ones(2 * hvd.size()), name=n),
+    "allreduce_": lambda n: hvd.allreduce_async_(torch.ones(2 * hvd.size()), name=n),
+    "broadcast": lambda n: hvd.broadcast_async(torch.ones(2 * hvd.size()), 0, name=n),
+    "allgather": lambda n: hvd.allgather_async(torch.ones(2 * hvd.size()), name=n),
+    "alltoall": lambda n: hvd.alltoall_async(torch.ones(2 * hvd.size()), name=n),
+    "reducescatter": lambda n: hvd.reducescatter_async(torch.ones(2 * hvd.size()), name=n),
+    "grouped_allreduce": lambda n: hvd.grouped_allreduce_async(
+        [torch.ones(2), torch.ones(3)], name=n),
+    "grouped_allgather": lambda n: hvd.grouped_allgather_async(
+        [torch.ones(2), torch.ones(3)], name=n),
+    "grouped_reducescatter": lambda n: hvd.grouped_reducescatter_async(
+        [torch.ones(2 * hvd.size()), torch.ones(hvd.size())], name=n),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DUPLICATE_SUBMITTERS))
+def test_duplicate_name_before_synchronize_is_a_value_error_even_when_completed(kind):
+    # Horovod's own duplicate-name tests: the first op has completed (poll says so), but its
+    # handle is not synchronized yet, so the name is still taken, whatever the timing.
+    submit = DUPLICATE_SUBMITTERS[kind]
+    name = "dup_after_done." + kind
+    handle = submit(name)
+    deadline = time.monotonic() + 30
+    while not hvd.poll(handle) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert hvd.poll(handle), "the first %s did not complete" % kind
+    with pytest.raises(ValueError, match="a tensor with this name is already in flight"):
+        submit(name)
+    hvd.synchronize(handle)
+    hvd.synchronize(submit(name))  # synchronized: the name is free again on every rank
+
+
 def test_mismatches_raise_the_same_error_on_every_rank_and_the_job_goes_on():
     errors = []
     for make in (lambda: hvd.allreduce(torch.ones(hvd.rank() + 1), name="mm.shape"),

@@ -23,6 +23,12 @@ TensorTableEntry Entry(const std::string& name, int32_t set = 0, std::atomic<int
   return e;
 }
 
+// A fresh handle per Add, as Submit() allocates one.
+Handle NextHandle() {
+  static Handle next = 1;
+  return next++;
+}
+
 std::vector<TensorTableEntry> One(TensorTableEntry e) {
   std::vector<TensorTableEntry> v;
   v.push_back(std::move(e));
@@ -31,8 +37,8 @@ std::vector<TensorTableEntry> One(TensorTableEntry e) {
 
 TEST(TensorQueue, AddPopTake) {
   TensorQueue q;
-  ASSERT_TRUE(q.Add(One(Entry("a"))).ok());
-  ASSERT_TRUE(q.Add(One(Entry("b"))).ok());
+  ASSERT_TRUE(q.Add(One(Entry("a")), NextHandle()).ok());
+  ASSERT_TRUE(q.Add(One(Entry("b")), NextHandle()).ok());
   std::vector<Request> reqs = q.PopNewRequests();
   ASSERT_EQ(reqs.size(), 2u);
   EXPECT_EQ(reqs[0].tensor_name, "a");
@@ -50,54 +56,75 @@ TEST(TensorQueue, AddPopTake) {
 
 TEST(TensorQueue, DuplicateNameInFlightIsRejectedAtomically) {
   TensorQueue q;
-  ASSERT_TRUE(q.Add(One(Entry("w"))).ok());
-  Status dup = q.Add(One(Entry("w")));
+  const Handle w = NextHandle();
+  ASSERT_TRUE(q.Add(One(Entry("w")), w).ok());
+  Status dup = q.Add(One(Entry("w")), NextHandle());
   EXPECT_EQ(dup.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(dup.message().find("'w': a tensor with this name is already in flight"),
             std::string::npos);
   // Same name in another process set is a different tensor.
-  EXPECT_TRUE(q.Add(One(Entry("w", 1))).ok());
+  EXPECT_TRUE(q.Add(One(Entry("w", 1)), NextHandle()).ok());
   // A batch with one duplicate adds nothing.
   std::vector<TensorTableEntry> batch;
   batch.push_back(Entry("x"));
   batch.push_back(Entry("x"));
-  EXPECT_FALSE(q.Add(std::move(batch)).ok());
+  EXPECT_FALSE(q.Add(std::move(batch), NextHandle()).ok());
   EXPECT_EQ(q.size(), 2u);
-  // Once taken (completed), the name can be used again.
+  // Taken (its collective has run, its callback fired) is not enough: the name stays
+  // reserved until the caller has waited for the handle.
   q.Take(0, {"w"});
-  EXPECT_TRUE(q.Add(One(Entry("w"))).ok());
+  EXPECT_EQ(q.Add(One(Entry("w")), NextHandle()).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(q.reserved(), 2u);  // "w" in sets 0 and 1
+  q.ReleaseNames(w);
+  q.ReleaseNames(w);  // idempotent
+  EXPECT_EQ(q.reserved(), 1u);
+  EXPECT_TRUE(q.Add(One(Entry("w")), NextHandle()).ok());
+}
+
+TEST(TensorQueue, ResetForgetsReservationsOfAnEarlierInit) {
+  TensorQueue q;
+  const Handle old = NextHandle();
+  ASSERT_TRUE(q.Add(One(Entry("a")), old).ok());
+  q.Close(Status::Aborted("shut down"));
+  q.Reset();
+  const Handle now = NextHandle();
+  ASSERT_TRUE(q.Add(One(Entry("a")), now).ok());
+  q.ReleaseNames(old);  // a stale handle waited after the restart frees nothing
+  EXPECT_EQ(q.Add(One(Entry("a")), NextHandle()).code(), StatusCode::kFailedPrecondition);
+  q.ReleaseNames(now);
+  EXPECT_EQ(q.reserved(), 0u);
 }
 
 TEST(TensorQueue, CloseCompletesEveryEntryOnceAndRejectsLaterAdds) {
   TensorQueue q;
   std::atomic<int> calls{0};
   Status last;
-  for (const char* n : {"a", "b", "c"}) ASSERT_TRUE(q.Add(One(Entry(n, 0, &calls, &last))).ok());
+  for (const char* n : {"a", "b", "c"}) ASSERT_TRUE(q.Add(One(Entry(n, 0, &calls, &last)), NextHandle()).ok());
   q.Close(Status::Aborted("shut down"));
   EXPECT_EQ(calls.load(), 3);
   EXPECT_EQ(last, Status::Aborted("shut down"));
-  EXPECT_EQ(q.Add(One(Entry("d", 0, &calls))), Status::Aborted("shut down"));
+  EXPECT_EQ(q.Add(One(Entry("d", 0, &calls)), NextHandle()), Status::Aborted("shut down"));
   q.Close(Status::Aborted("again"));
   EXPECT_EQ(calls.load(), 3);  // nothing completed twice
   q.Reset();
-  EXPECT_TRUE(q.Add(One(Entry("d"))).ok());
+  EXPECT_TRUE(q.Add(One(Entry("d")), NextHandle()).ok());
 }
 
 TEST(TensorQueue, FailProcessSetCompletesItsEntriesAndRejectsLaterAdds) {
   TensorQueue q;
   std::atomic<int> calls{0};
   Status last;
-  ASSERT_TRUE(q.Add(One(Entry("popped", 3, &calls, &last))).ok());
-  ASSERT_TRUE(q.Add(One(Entry("other", 0, &calls))).ok());
+  ASSERT_TRUE(q.Add(One(Entry("popped", 3, &calls, &last)), NextHandle()).ok());
+  ASSERT_TRUE(q.Add(One(Entry("other", 0, &calls)), NextHandle()).ok());
   (void)q.PopNewRequests();  // the background thread has seen these two
-  ASSERT_TRUE(q.Add(One(Entry("unpopped", 3, &calls, &last))).ok());
+  ASSERT_TRUE(q.Add(One(Entry("unpopped", 3, &calls, &last)), NextHandle()).ok());
   const size_t popped = q.FailProcessSet(3, Status::Aborted("set 3 removed"));
   EXPECT_EQ(popped, 1u);
   EXPECT_EQ(calls.load(), 2);
   EXPECT_EQ(last, Status::Aborted("set 3 removed"));
   EXPECT_EQ(q.size(), 1u);                  // "other" stays
   EXPECT_TRUE(q.PopNewRequests().empty());  // "unpopped" will never reach the loop
-  Status again = q.Add(One(Entry("late", 3)));
+  Status again = q.Add(One(Entry("late", 3)), NextHandle());
   EXPECT_EQ(again.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(again.message().find("process set 3 has been removed"), std::string::npos);
 }
@@ -107,7 +134,7 @@ TEST(TensorQueue, AddWakesTheWaiterBeforeItsDeadline) {
   const auto start = std::chrono::steady_clock::now();
   std::thread waiter([&] { q.WaitForWork(start + std::chrono::seconds(30)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  ASSERT_TRUE(q.Add(One(Entry("a"))).ok());
+  ASSERT_TRUE(q.Add(One(Entry("a")), NextHandle()).ok());
   waiter.join();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
