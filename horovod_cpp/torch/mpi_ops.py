@@ -400,11 +400,16 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
-    """Starts an allreduce of a sparse COO tensor (by allgathering indices and values).
-    Returns a callable that waits and returns the reduced sparse tensor."""
+    """Starts an allreduce of a sparse COO tensor: every rank's indices and values are
+    allgathered (each rank may have a different number of nonzeros) and the result is their
+    sparse sum (Sum) or sum / size (Average), uncoalesced, as in Horovod. Returns a callable
+    that waits and returns the reduced sparse tensor."""
     if op not in (Average, Sum):
         raise ValueError("sparse_allreduce_async supports Average and Sum")
+    if not torch.is_tensor(tensor) or not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async expects a sparse COO tensor")
     t = tensor.coalesce()
+    # Allgather concatenates along dim 0: indices travel as (nnz, sparse_dim).
     indices_handle = allgather_async(t.indices().t().contiguous(), name="%s.indices" % name,
                                      process_set=process_set)
     values_handle = allgather_async(t.values().contiguous(), name="%s.values" % name,
@@ -415,7 +420,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
         indices = synchronize(indices_handle)
         if op == Average:
             values = values / process_set.size()
-        return torch.sparse_coo_tensor(indices.t(), values, size=t.size())
+        return torch.sparse_coo_tensor(indices.t(), values, size=t.size(),
+                                       dtype=values.dtype, device=t.device)
 
     return handle
 
@@ -467,9 +473,35 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     return _register(handle, "outputs_list", sources, None)
 
 
+class HorovodGroupedAllgather(torch.autograd.Function):
+    """Grouped allgather with autograd: like HorovodAllgather for each tensor, the gradients
+    averaged in one grouped allreduce and each rank's rows located with one grouped
+    allgather of the first dimensions."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.dims = [t.shape[0] if t.dim() > 0 else 0 for t in tensors]
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = grouped_allreduce([g.contiguous() for g in grad_outputs], op=Average,
+                                  process_set=ctx.process_set)
+        dims = grouped_allgather([torch.tensor([d], dtype=torch.int64) for d in ctx.dims],
+                                 process_set=ctx.process_set)
+        r = ctx.process_set.rank()
+        out = [g.narrow(0, int(d[:r].sum()), dim) for g, d, dim in zip(grads, dims, ctx.dims)]
+        return (None, None) + tuple(out)
+
+
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    """Allgathers a list of tensors together; returns the list of results."""
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    """Allgathers a list of tensors together; returns the list of results. Differentiable."""
+    if not tensors:
+        raise ValueError("grouped_allgather needs at least one tensor")
+    for t in tensors:
+        _check_tensor(t, "grouped_allgather", allow_bool=True)
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
 # ---- broadcast -----------------------------------------------------------------------------
@@ -644,16 +676,38 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     return _register(handle, "group", (sources, outputs), outputs)
 
 
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    """Grouped reducescatter with autograd: each gradient is the allgather of the incoming
+    gradient scaled like the forward pass, as in HorovodReducescatter, in one grouped
+    allgather."""
+
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.op, ctx.process_set = op, process_set
+        ctx.scale = prescale_factor * postscale_factor
+        return tuple(synchronize(grouped_reducescatter_async(
+            list(tensors), name, op, process_set, prescale_factor, postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = grouped_allgather([g.contiguous() for g in grad_outputs],
+                                  process_set=ctx.process_set)
+        scale = ctx.scale / (ctx.process_set.size() if ctx.op == Average else 1)
+        return (None, None, None, None, None) + tuple(g * scale for g in grads)
+
+
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
     """Reducescatters a list of tensors together; returns the list of results."""
+    _reducescatter_check_op(op)
+    if not tensors:
+        raise ValueError("grouped_reducescatter needs at least one tensor")
     for t in tensors:
         _check_tensor(t, "grouped_reducescatter")
     compressed = [compression.compress(t) for t in tensors]
-    reduced = synchronize(grouped_reducescatter_async([t for t, _ in compressed], name, op,
-                                                      process_set, prescale_factor,
-                                                      postscale_factor))
+    reduced = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                                postscale_factor, *[t for t, _ in compressed])
     return [compression.decompress(t, c) for t, (_, c) in zip(reduced, compressed)]
 
 

@@ -60,6 +60,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handles = {}
         self._grad_accs = []
         self._requires_update = set()
+        self._sparse_params = set()  # parameters whose gradient has been sparse
         self._synchronized = False
         self._should_synchronize = True
 
@@ -124,7 +125,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for param_group in self.param_groups:
             for p in param_group["params"]:
                 if p.requires_grad:
-                    p.grad = p.data.new(p.size()).zero_()
+                    # No dense zero gradient is preset (as Horovod does not): autograd would
+                    # accumulate a sparse gradient (nn.Embedding(sparse=True)) into it and
+                    # densify it, and sparse optimizers (SparseAdam) would then refuse it.
                     self._requires_update.add(p)
                     p_tmp = p.expand_as(p)
                     grad_acc = p_tmp.grad_fn.next_functions[0][0]
@@ -134,11 +137,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _allreduce_grad_async(self, p):
         if p.grad is None:
             # Gradient was not computed, but we still need to submit a tensor to allreduce as
-            # one of the other ranks may have computed it (due to dynamic graphs).
+            # one of the other ranks may have computed it (due to dynamic graphs): zeros, of
+            # the kind (sparse or dense) this parameter's gradient had before.
             p.grad = p.data.new(p.size()).zero_()
+            if p in self._sparse_params and not self.sparse_as_dense:
+                p.grad = p.grad.to_sparse()
         name = self._parameter_names.get(p)
         tensor = p.grad
         if p.grad.is_sparse:
+            self._sparse_params.add(p)
             if self.sparse_as_dense:
                 tensor = tensor.to_dense()
             else:

@@ -88,3 +88,22 @@ def test_reducescatter_gradient(op_name):
     rows = 2 * n + 1
     mine = rows // n + (1 if me < rows % n else 0)
     check(lambda t: hvd.reducescatter(t, op=op, prescale_factor=2.0), (rows, 3), (mine, 3))
+
+
+def test_grouped_allgather_gradient():
+    # Two members per rank (r + 1 rows each, the second scaled), gathered in one group.
+    n, me = hvd.size(), hvd.rank()
+    rows = n * (n + 1) // 2
+    check(lambda t: torch.cat(hvd.grouped_allgather([t[:me + 1], t[me + 1:] * 2])),
+          (2 * (me + 1), 2), (2 * rows, 2), scale=1.0 / n)
+
+
+@pytest.mark.parametrize("op_name", ["Sum", "Average"])
+def test_grouped_reducescatter_gradient(op_name):
+    op = {"Sum": hvd.Sum, "Average": hvd.Average}[op_name]
+    n, me = hvd.size(), hvd.rank()
+    rows = 2 * n + 1
+    mine = rows // n + (1 if me < rows % n else 0)
+    check(lambda t: torch.cat(hvd.grouped_reducescatter([t, t[:, :2] * 3], op=op,
+                                                        prescale_factor=2.0), dim=1),
+          (rows, 3), (mine, 5))

@@ -195,3 +195,74 @@ def test_predivide_factor_and_fp16_compression_keep_the_average():
     assert all(p.grad.dtype == torch.float32 for p in model.parameters())
     with opt.skip_synchronize():
         opt.step()
+
+
+# ---- sparse gradients (nn.Embedding(sparse=True)) -----------------------------------------
+
+ROWS, DIM = 12, 3
+
+
+def sparse_batches(steps):
+    """Per step, every rank's lookups and weights; rank r looks up r + 2 rows (uneven), drawn
+    so that ranks share some rows and some rows are never looked up."""
+    g = torch.Generator().manual_seed(5)
+    return [[(torch.randint(0, ROWS - 2, (r + 2,), generator=g),
+              torch.randn(r + 2, DIM, generator=g, dtype=torch.float64))
+             for r in range(hvd.size())] for _ in range(steps)]
+
+
+def make_embedding():
+    torch.manual_seed(3)
+    return torch.nn.Embedding(ROWS, DIM, sparse=True).double()
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True], ids=["sparse", "as-dense"])
+@pytest.mark.parametrize("op", ["Sum", "Average"])
+def test_sparse_gradients_match_one_process_on_the_full_batch(op, sparse_as_dense):
+    op_code = {"Sum": hvd.Sum, "Average": hvd.Average}[op]
+    data = sparse_batches(steps=3)
+    n = hvd.size()
+
+    ref = make_embedding()
+    ref_opt = torch.optim.SparseAdam(list(ref.parameters()), lr=0.05)
+    for per_rank in data:
+        ref_opt.zero_grad()
+        loss = sum((ref(idx) * w).sum() for idx, w in per_rank)
+        (loss / n if op == "Average" else loss).backward()
+        assert ref.weight.grad.is_sparse
+        ref_opt.step()
+
+    emb = make_embedding()
+    opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(emb.parameters()), lr=0.05),
+                                   named_parameters=emb.named_parameters(), op=op_code,
+                                   sparse_as_dense=sparse_as_dense)
+    hvd.broadcast_parameters(emb.state_dict(), root_rank=0)
+    for per_rank in data:
+        opt.zero_grad()
+        idx, w = per_rank[hvd.rank()]
+        (emb(idx) * w).sum().backward()
+        opt.synchronize()
+        assert emb.weight.grad.is_sparse  # SparseAdam takes only sparse gradients
+        with opt.skip_synchronize():
+            opt.step()
+    assert torch.allclose(emb.weight.detach(), ref.weight.detach(), rtol=1e-9, atol=1e-12), \
+        (emb.weight.detach() - ref.weight.detach()).abs().max()
+    untouched = sorted(set(range(ROWS)) - {int(i) for step in data for idx, _ in step
+                                           for i in idx})
+    assert untouched and torch.equal(emb.weight.detach()[untouched], make_embedding().weight
+                                     .detach()[untouched])
+
+
+def test_sparse_allreduce_of_uneven_nonzeros_sums_and_averages():
+    n, me = hvd.size(), hvd.rank()
+    dense = torch.zeros(5, 2, dtype=torch.float64)
+    for k in range(me + 1):  # rank r has r + 1 nonzero rows, row 0 on every rank
+        dense[k % 5] += torch.tensor([me + 1.0, k + 0.5], dtype=torch.float64)
+    want = torch.zeros(5, 2, dtype=torch.float64)
+    for r in range(n):
+        for k in range(r + 1):
+            want[k % 5] += torch.tensor([r + 1.0, k + 0.5], dtype=torch.float64)
+    total = hvd.sparse_allreduce_async(dense.to_sparse(), name="uneven.sum", op=hvd.Sum)()
+    assert total.is_sparse and torch.equal(total.to_dense(), want)
+    mean = hvd.sparse_allreduce_async(dense.to_sparse(), name="uneven.avg", op=hvd.Average)()
+    assert torch.allclose(mean.to_dense(), want / n)
