@@ -142,6 +142,9 @@ const std::vector<Knob>& Knobs() {
       {{"HOROVOD_DYNAMIC_PROCESS_SETS", "bool", "0", "0 or 1",
         "Allow process sets to be added and removed after Init (by all ranks together)."},
        HVD_ASSIGN_FIELD(dynamic_process_sets, ParseBool(name, value))},
+      {{"HOROVOD_STALL_CHECK_DISABLE", "bool", "0", "0 or 1",
+        "Turn the stall inspector off: no stall warnings and no stall shutdown."},
+       HVD_ASSIGN_FIELD(stall_check_disabled, ParseBool(name, value))},
   };
   return knobs;
 }
@@ -165,6 +168,10 @@ Result<Config> Config::FromEnv(const EnvLookup& getenv) {
     if (!value || value->empty()) continue;
     HVD_RETURN_IF_ERROR(knob.apply(knob.spec.name, *value, &config));
   }
+  if (config.stall_check_disabled) {
+    config.stall_check_time_seconds = 0;
+    config.stall_shutdown_time_seconds = 0;
+  }
   if (config.stall_shutdown_time_seconds > 0 && config.stall_check_time_seconds > 0 &&
       config.stall_shutdown_time_seconds < config.stall_check_time_seconds) {
     // Horovod's behaviour: a shutdown time below the check time is ignored with a warning.
@@ -176,6 +183,124 @@ Result<Config> Config::FromEnv(const EnvLookup& getenv) {
     config.stall_shutdown_time_seconds = 0;
   }
   return config;
+}
+
+namespace {
+
+// Horovod's run-time settings that horovod_cpp does not implement, and what to do instead.
+struct ForeignSetting {
+  const char* name;
+  const char* advice;
+};
+constexpr ForeignSetting kHorovodSettings[] = {
+    {"HOROVOD_HIERARCHICAL_ALLREDUCE", "collectives are flat; the setting is ignored"},
+    {"HOROVOD_HIERARCHICAL_ALLGATHER", "collectives are flat; the setting is ignored"},
+    {"HOROVOD_AUTOTUNE",
+     "there is no autotuner; set HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME directly"},
+    {"HOROVOD_AUTOTUNE_LOG", "there is no autotuner"},
+    {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "there is no autotuner"},
+    {"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "there is no autotuner"},
+    {"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "there is no autotuner"},
+    {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "there is no autotuner"},
+    {"HOROVOD_CONTROLLER", "negotiation always runs over MPI"},
+    {"HOROVOD_CPU_OPERATIONS", "CPU tensors always go through MPI"},
+    {"HOROVOD_GPU_OPERATIONS", "CUDA tensors always go through NCCL"},
+    {"HOROVOD_GPU_ALLREDUCE", "CUDA tensors always go through NCCL"},
+    {"HOROVOD_GPU_ALLGATHER", "CUDA tensors always go through NCCL"},
+    {"HOROVOD_GPU_BROADCAST", "CUDA tensors always go through NCCL"},
+    {"HOROVOD_GPU_ALLTOALL", "CUDA tensors always go through NCCL"},
+    {"HOROVOD_GPU_REDUCESCATTER", "CUDA tensors always go through NCCL"},
+    {"HOROVOD_NUM_NCCL_STREAMS", "each device has one NCCL stream"},
+    {"HOROVOD_ENABLE_ASYNC_COMPLETION", "CUDA operations always complete asynchronously"},
+    {"HOROVOD_BATCH_D2D_MEMCOPIES", "the setting is ignored"},
+    {"HOROVOD_DISABLE_GROUP_FUSION", "grouped members are fused like other tensors"},
+    {"HOROVOD_ADASUM_MPI_CHUNK_SIZE", "Adasum is not supported"},
+    {"HOROVOD_MPI_THREADS_DISABLE", "MPI is initialised with MPI_THREAD_MULTIPLE when asked"},
+    {"HOROVOD_THREAD_AFFINITY", "bind the ranks with mpirun --bind-to (or hvdrun)"},
+    {"HOROVOD_LOG_HIDE_TIME", "log lines carry no time stamp"},
+    {"HOROVOD_GLOO_RENDEZVOUS_ADDR", "there is no Gloo backend; launch with mpirun or hvdrun"},
+    {"HOROVOD_GLOO_RENDEZVOUS_PORT", "there is no Gloo backend; launch with mpirun or hvdrun"},
+    {"HOROVOD_GLOO_TIMEOUT_SECONDS", "there is no Gloo backend; launch with mpirun or hvdrun"},
+    {"HOROVOD_GLOO_IFACE", "there is no Gloo backend; launch with mpirun or hvdrun"},
+    {"HOROVOD_RANK", "ranks come from MPI (launch with mpirun or hvdrun)"},
+    {"HOROVOD_SIZE", "ranks come from MPI (launch with mpirun or hvdrun)"},
+    {"HOROVOD_LOCAL_RANK", "ranks come from MPI (launch with mpirun or hvdrun)"},
+    {"HOROVOD_LOCAL_SIZE", "ranks come from MPI (launch with mpirun or hvdrun)"},
+    {"HOROVOD_CROSS_RANK", "ranks come from MPI (launch with mpirun or hvdrun)"},
+    {"HOROVOD_CROSS_SIZE", "ranks come from MPI (launch with mpirun or hvdrun)"},
+    {"HOROVOD_HOSTNAME", "hosts come from MPI (launch with mpirun or hvdrun)"},
+};
+// Read by horovod_cpp's Python layer, not by the core.
+constexpr const char* kReadByPython[] = {"HOROVOD_ELASTIC"};
+// Prefixes of Horovod's build-time settings (pip install horovod).
+constexpr const char* kBuildPrefixes[] = {"HOROVOD_WITH_",  "HOROVOD_WITHOUT_", "HOROVOD_BUILD_",
+                                          "HOROVOD_CUDA_",  "HOROVOD_NCCL_",    "HOROVOD_CMAKE",
+                                          "HOROVOD_MPICXX", "HOROVOD_ROCM_",    "HOROVOD_CCL_"};
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::vector<std::string> UnknownSettingWarnings(const std::vector<std::string>& env_names) {
+  const std::string prefix = "HOROVOD_";
+  std::vector<std::string> known;  // every name a "did you mean" may propose
+  for (const Knob& knob : Knobs()) known.push_back(knob.spec.name);
+  std::vector<std::string> out;
+  std::vector<std::string> names = env_names;
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  for (const std::string& name : names) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    if (std::any_of(std::begin(kReadByPython), std::end(kReadByPython),
+                    [&](const char* n) { return name == n; })) {
+      continue;
+    }
+    const ForeignSetting* foreign = nullptr;
+    for (const ForeignSetting& f : kHorovodSettings) {
+      if (name == f.name) foreign = &f;
+    }
+    if (foreign != nullptr) {
+      out.push_back(name + " is a Horovod setting that horovod_cpp does not implement: " +
+                    foreign->advice);
+      continue;
+    }
+    if (std::any_of(std::begin(kBuildPrefixes), std::end(kBuildPrefixes),
+                    [&](const char* p) { return name.rfind(p, 0) == 0; })) {
+      out.push_back(name +
+                    " is a Horovod build setting; horovod_cpp does not read it (its build is "
+                    "configured with CMake options, see the README)");
+      continue;
+    }
+    // The nearest setting within a few edits (about one in six characters) is a likely typo.
+    std::string best;
+    size_t best_distance = std::max<size_t>(2, name.size() / 6) + 1;
+    for (const std::string& k : known) {
+      const size_t d = EditDistance(name, k);
+      if (d < best_distance) best_distance = d, best = k;
+    }
+    for (const ForeignSetting& f : kHorovodSettings) {
+      const size_t d = EditDistance(name, f.name);
+      if (d < best_distance) best_distance = d, best = f.name;
+    }
+    out.push_back(name + " is not a horovod_cpp setting" +
+                  (best.empty() ? std::string("; docs/config.md lists the settings")
+                                : "; did you mean " + best + "?"));
+  }
+  return out;
 }
 
 std::vector<KnobSpec> KnobTable() {

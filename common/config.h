@@ -44,6 +44,9 @@ struct Config {
   bool timeline_mark_cycles = false;
   // Allow AddProcessSet/RemoveProcessSet after Init.
   bool dynamic_process_sets = false;
+  // HOROVOD_STALL_CHECK_DISABLE: no stall warnings and no stall shutdown (FromEnv then sets
+  // both stall times to 0).
+  bool stall_check_disabled = false;
 
   // Non-fatal remarks found while parsing (logged by Init).
   std::vector<std::string> warnings;
@@ -65,6 +68,12 @@ struct KnobSpec {
 
 // Every knob Config::FromEnv reads, in table order.
 std::vector<KnobSpec> KnobTable();
+
+// One warning for each HOROVOD_* name in `env_names` that horovod_cpp does not read: a likely
+// typo of a setting ("did you mean ...?"), a Horovod setting horovod_cpp does not implement
+// (with what to use instead, where there is something), a Horovod build setting, or an
+// unknown name. Names of other prefixes are ignored. Logged by Init on rank 0.
+std::vector<std::string> UnknownSettingWarnings(const std::vector<std::string>& env_names);
 
 // The knob table as aligned text (used by --help texts and docs/config.md).
 std::string DescribeKnobs();

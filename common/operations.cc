@@ -3,6 +3,9 @@
 // and statistics. Enqueueing of operations is in enqueue.cc.
 
 #include <cstdlib>
+#include <unistd.h>
+
+#include <cstring>
 #include <mutex>
 
 #include "common/logging.h"
@@ -81,6 +84,14 @@ Status Init(const InitOptions& options) {
   for (auto& n : rt.noname) n = 0;
   HVD_RETURN_IF_ERROR(rt.loop.Start(config, options, ops::CreateMpiBackend()));
   rt.started = true;
+  if (rt.loop.topology().rank == 0) {
+    std::vector<std::string> names;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const char* eq = std::strchr(*e, '=');
+      names.emplace_back(*e, eq ? static_cast<size_t>(eq - *e) : std::strlen(*e));
+    }
+    for (const std::string& w : UnknownSettingWarnings(names)) HVD_LOG(WARNING) << w;
+  }
   static std::once_flag atexit_once;
   std::call_once(atexit_once, [] { std::atexit([] { Shutdown().IgnoreError(); }); });
   return Status::OK();

@@ -3,12 +3,16 @@
     hvdrun -np 4 python train.py
     hvdrun -np 8 -H server1:4,server2:4 --fusion-threshold-mb 32 python train.py
     hvdrun -np 2 --verbose --timeline-filename /tmp/t.json ./train --epochs 5
+    hvdrun --check-build
 """
 import argparse
+import ctypes.util
+import importlib.util
 import os
 import shlex
 import sys
 
+import horovod_cpp
 from horovod_cpp.runner import mpirun
 from horovod_cpp.runner.hosts import HostError, parse_hostfile, parse_hosts
 
@@ -24,22 +28,32 @@ def _parser():
                     "exits with the job's exit code.",
         epilog="Without -H/--hostfile the ranks run on this machine (more ranks than cores "
                "oversubscribe automatically). Options after the command belong to the command.")
-    p.add_argument("-np", "--num-proc", dest="np", type=int, required=True, metavar="N",
-                   help="number of ranks")
+    p.add_argument("-np", "--num-proc", dest="np", type=int, metavar="N",
+                   help="number of ranks (required to run a command)")
+    p.add_argument("--version", action="version",
+                   version="hvdrun (horovod_cpp) %s" % horovod_cpp.__version__,
+                   help="print the version and exit")
+    p.add_argument("-cb", "--check-build", action="store_true",
+                   help="print what this horovod_cpp was built with (frameworks, controllers, "
+                        "tensor operations) and exit")
     where = p.add_mutually_exclusive_group()
     where.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...",
                        help="hosts and their slots, e.g. server1:4,server2:4 (no :SLOTS = 1)")
-    where.add_argument("--hostfile", metavar="FILE",
+    where.add_argument("-hostfile", "--hostfile", dest="hostfile", metavar="FILE",
                        help="file of 'host slots=N' lines")
     p.add_argument("--oversubscribe", action="store_true",
                    help="allow more ranks than the slots of -H/--hostfile")
     for knob in mpirun.KNOBS:
+        flags = (knob.flag,) + mpirun.KNOB_ALIASES.get(knob.flag, ())
+        dest = knob.flag.lstrip("-").replace("-", "_")
         if knob.parse is None:
-            p.add_argument(knob.flag, action="store_true", help=knob.help)
+            p.add_argument(*flags, dest=dest, action="store_true", help=knob.help)
         elif knob.env == "HOROVOD_LOG_LEVEL":
-            p.add_argument(knob.flag, choices=mpirun.LOG_LEVELS, help=knob.help)
+            p.add_argument(*flags, dest=dest, type=str.lower, choices=mpirun.LOG_LEVELS,
+                           help=knob.help)
         else:
-            p.add_argument(knob.flag, type=_typed(knob), help=knob.help, metavar="VALUE")
+            p.add_argument(*flags, dest=dest, type=_typed(knob), help=knob.help,
+                           metavar="VALUE")
     p.add_argument("--mpi-args", default="", metavar="'ARGS'",
                    help="extra arguments for mpirun, as one quoted string")
     p.add_argument("--verbose", action="store_true",
@@ -60,8 +74,47 @@ def _typed(knob):
     return parse
 
 
+def check_build():
+    """What this installation was built with, in the shape of ``horovodrun --check-build``."""
+    def box(on):
+        return "[X]" if on else "[ ]"
+    try:
+        from horovod_cpp import _core
+        nccl = _core.nccl_built()
+        core = "horovod_cpp._core"
+    except ImportError as e:
+        nccl, core = 0, "horovod_cpp._core does not import (%s)" % e
+    torch = importlib.util.find_spec("torch") is not None
+    libtorch_api = ctypes.util.find_library("horovod_cpp_torch") is not None
+    nccl_text = "NCCL %d.%d.%d" % (nccl // 10000, nccl // 100 % 100, nccl % 100) if nccl else "NCCL"
+    return "\n".join([
+        "horovod_cpp v%s (%s):" % (horovod_cpp.__version__, core),
+        "",
+        "Available Frameworks:",
+        "    [ ] TensorFlow",
+        "    %s PyTorch (horovod_cpp.torch)" % box(torch),
+        "    %s LibTorch C++ API (libhorovod_cpp_torch%s)"
+        % (box(libtorch_api), "" if libtorch_api else ": not on the library path; built by "
+           "CMake with -DHVD_WITH_TORCH"),
+        "    [ ] MXNet",
+        "",
+        "Available Controllers:",
+        "    [X] MPI",
+        "    [ ] Gloo",
+        "",
+        "Available Tensor Operations:",
+        "    %s %s" % (box(nccl), nccl_text),
+        "    [ ] DDL",
+        "    [ ] CCL",
+        "    [X] MPI",
+        "    [ ] Gloo",
+    ])
+
+
 def make_command(args, mpirun_path="mpirun", cpu_count=None):
     """(argv, env) for parsed ``args``; raises ValueError for inconsistent arguments."""
+    if args.np is None:
+        raise ValueError("-np is required: the number of ranks to run")
     if args.np <= 0:
         raise ValueError("-np must be a positive number of ranks, got %d" % args.np)
     command = list(args.command)
@@ -105,6 +158,9 @@ def make_command(args, mpirun_path="mpirun", cpu_count=None):
 def main(argv=None):
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.check_build:
+        print(check_build())
+        return 0
     try:
         command = make_command(args)
     except (ValueError, HostError) as e:

@@ -53,9 +53,16 @@ KNOBS = (
     Knob("--stall-shutdown-time-seconds", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
          _number(float, 0, 86400), repr,
          "shut the job down after a stall this long (default 0 = never)"),
+    Knob("--no-stall-check", "HOROVOD_STALL_CHECK_DISABLE", None, lambda _: "1",
+         "turn the stall inspector off (no stall warnings, no stall shutdown)"),
     Knob("--log-level", "HOROVOD_LOG_LEVEL", str, str,
-         "trace, debug, info, warning, error or fatal (default warning)"),
+         "trace, debug, info, warning, error or fatal, any case (default warning)"),
 )
+# horovodrun's names for the same flags, accepted too.
+KNOB_ALIASES = {
+    "--stall-check-time-seconds": ("--stall-check-warning-time-seconds",),
+    "--stall-shutdown-time-seconds": ("--stall-check-shutdown-time-seconds",),
+}
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
 
 # Passed to every rank with -x NAME (values from mpirun's own environment) when set.

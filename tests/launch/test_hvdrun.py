@@ -185,7 +185,7 @@ def test_mpirun_missing():
     (["-np", "2", "--cache-capacity", "many", "true"], "expected an integer"),
     (["-np", "2", "--log-level", "loud", "true"], "invalid choice: 'loud'"),
     (["-np", "2", "--mpi-args", "'unclosed", "true"], "--mpi-args: No closing quotation"),
-    (["true"], "the following arguments are required: -np"),
+    (["true"], "-np is required: the number of ranks to run"),
 ])
 def test_bad_arguments_exit_2(args, message):
     r = hvdrun(args)
@@ -201,3 +201,48 @@ def test_bad_hostfile_line(tmp_path):
     assert r.returncode == 2
     assert "line 2: expected 'host slots=N', got 'beta cores=4'" in r.stderr
 
+
+
+# ---- horovodrun's names for the same settings -------------------------------------------------
+
+def exported(result):
+    """The NAME=VALUE pairs hvdrun passes with -x."""
+    argv = printed_command(result)
+    return {argv[i + 1] for i, a in enumerate(argv) if a == "-x" and "=" in argv[i + 1]}
+
+
+def test_horovodrun_flag_names_are_accepted(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=2\n")
+    r = hvdrun(["-np", "2", "-hostfile", str(hostfile),
+                "--stall-check-warning-time-seconds", "7",
+                "--stall-check-shutdown-time-seconds", "30", "--log-level", "DEBUG",
+                "--dry-run", "python", "train.py"])
+    assert r.returncode == 0, r.stderr
+    assert exported(r) == {"HOROVOD_STALL_CHECK_TIME_SECONDS=7.0",
+                           "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=30.0",
+                           "HOROVOD_LOG_LEVEL=debug"}
+    assert "node1:2" in printed_command(r)
+
+
+def test_no_stall_check_disables_the_inspector():
+    r = hvdrun(["-np", "2", "--no-stall-check", "--dry-run", "python", "train.py"])
+    assert r.returncode == 0, r.stderr
+    assert exported(r) == {"HOROVOD_STALL_CHECK_DISABLE=1"}
+
+
+def test_version_and_check_build():
+    import horovod_cpp
+    from horovod_cpp import _core
+    r = hvdrun(["--version"])
+    assert r.returncode == 0 and r.stdout.strip() == "hvdrun (horovod_cpp) %s" % (
+        horovod_cpp.__version__), (r.stdout, r.stderr)
+    r = hvdrun(["--check-build"])
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert out.startswith("horovod_cpp v%s" % horovod_cpp.__version__), out
+    for line in ("Available Frameworks:", "    [X] PyTorch (horovod_cpp.torch)",
+                 "Available Controllers:", "    [X] MPI", "Available Tensor Operations:"):
+        assert line in out.splitlines(), out
+    nccl = _core.nccl_built()
+    assert ("    [X] NCCL " in out) == (nccl != 0), out

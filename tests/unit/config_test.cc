@@ -122,10 +122,50 @@ TEST(Config, KnobTableDescribesEveryKnobOnce) {
                                              "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
                                              "HOROVOD_TIMELINE",
                                              "HOROVOD_TIMELINE_MARK_CYCLES",
-                                             "HOROVOD_DYNAMIC_PROCESS_SETS"};
+                                             "HOROVOD_DYNAMIC_PROCESS_SETS",
+                                             "HOROVOD_STALL_CHECK_DISABLE"};
   EXPECT_EQ(names, expected);
   const std::string text = DescribeKnobs();
   for (const std::string& n : expected) EXPECT_NE(text.find(n), std::string::npos) << n;
+}
+
+TEST(Config, StallCheckDisableTurnsTheInspectorOff) {
+  Result<Config> c = Parse({{"HOROVOD_STALL_CHECK_DISABLE", "1"},
+                            {"HOROVOD_STALL_CHECK_TIME_SECONDS", "5"},
+                            {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "10"}});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->stall_check_time_seconds, 0.0);
+  EXPECT_EQ(c->stall_shutdown_time_seconds, 0.0);
+  EXPECT_TRUE(c->warnings.empty());
+  c = Parse({{"HOROVOD_STALL_CHECK_DISABLE", "0"}});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->stall_check_time_seconds, 60.0);
+  EXPECT_EQ(Parse({{"HOROVOD_STALL_CHECK_DISABLE", "maybe"}}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(Config, EveryHorovodVariableNotReadGetsOneWarning) {
+  const std::vector<std::string> w = UnknownSettingWarnings(
+      {"PATH", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHHOLD", "HOROVOD_CYCLE_TIMES",
+       "HOROVOD_AUTOTUNE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_WITH_PYTORCH",
+       "HOROVOD_ELASTIC", "HOROVOD_ZEBRA", "HOROVOD_HIERARCHICAL_ALLREDUSE",
+       "HOROVOD_CYCLE_TIMES"});
+  ASSERT_EQ(w.size(), 7u) << ::testing::PrintToString(w);  // sorted by name, once each
+  EXPECT_EQ(w[0], "HOROVOD_AUTOTUNE is a Horovod setting that horovod_cpp does not implement: "
+                  "there is no autotuner; set HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME "
+                  "directly");
+  EXPECT_EQ(w[1], "HOROVOD_CYCLE_TIMES is not a horovod_cpp setting; did you mean "
+                  "HOROVOD_CYCLE_TIME?");
+  EXPECT_EQ(w[2], "HOROVOD_FUSION_THRESHHOLD is not a horovod_cpp setting; did you mean "
+                  "HOROVOD_FUSION_THRESHOLD?");
+  EXPECT_EQ(w[3], "HOROVOD_HIERARCHICAL_ALLREDUCE is a Horovod setting that horovod_cpp does "
+                  "not implement: collectives are flat; the setting is ignored");
+  EXPECT_EQ(w[4], "HOROVOD_HIERARCHICAL_ALLREDUSE is not a horovod_cpp setting; did you mean "
+                  "HOROVOD_HIERARCHICAL_ALLREDUCE?");
+  EXPECT_NE(w[5].find("HOROVOD_WITH_PYTORCH is a Horovod build setting"), std::string::npos);
+  EXPECT_EQ(w[6], "HOROVOD_ZEBRA is not a horovod_cpp setting; docs/config.md lists the "
+                  "settings");
+  EXPECT_TRUE(UnknownSettingWarnings({"HOROVOD_CACHE_CAPACITY", "HOME"}).empty());
 }
 
 TEST(Config, DocsListEveryKnob) {
