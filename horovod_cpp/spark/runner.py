@@ -100,8 +100,6 @@ class HorovodRunner(object):
     def _run_on_spark(self, job, key):
         from pyspark import SparkContext
 
-        from horovod_cpp.spark import task
-
         sc = SparkContext._active_spark_context
         if sc is None:
             raise HorovodRunnerError(
@@ -136,7 +134,7 @@ class HorovodRunner(object):
             try:
                 sc.setJobGroup(group, "HorovodRunner(np=%d)" % np, interruptOnCancel=True)
                 rdd = sc.parallelize(range(np), np).barrier()
-                rdd.mapPartitions(task.barrier_task(spec)).collect()
+                rdd.mapPartitions(_checked_task(spec)).collect()
             except BaseException as e:  # reported below
                 failure.append(e)
 
@@ -150,8 +148,36 @@ class HorovodRunner(object):
             thread.join(30)
             raise
         if failure and not job.has_outcome():
-            raise HorovodRunnerError("the Spark barrier job failed: %s"
-                                     % _spark_reason(failure[0])) from failure[0]
+            reason = _spark_reason(failure[0])
+            missing = re.search(_NO_HOROVOD_CPP + r" (\S+) \(([^\n]*)\)", str(failure[0]))
+            if missing:
+                raise HorovodRunnerError(
+                    "the Spark executors' Python, %s, cannot import horovod_cpp (%s). Install "
+                    "horovod_cpp into that Python on every executor, or point the executors "
+                    "at a Python that has it: set PYSPARK_PYTHON (or spark.pyspark.python) "
+                    "before the SparkSession starts; this driver runs %s"
+                    % (missing.group(1), missing.group(2).strip(), sys.executable)) from None
+            raise HorovodRunnerError("the Spark barrier job failed: %s" % reason) from failure[0]
+
+
+_NO_HOROVOD_CPP = "horovod_cpp is not importable in the executor Python"
+
+
+def _checked_task(spec):
+    """The barrier tasks' function. It travels by value (it refers to no module of
+    horovod_cpp), so an executor whose Python lacks horovod_cpp reaches its first line and
+    reports that, instead of failing to unpickle with a long Java stack trace."""
+    marker = _NO_HOROVOD_CPP
+
+    def run(partition):
+        import sys as _sys
+        try:
+            from horovod_cpp.spark import task as _task
+        except ImportError as e:
+            raise RuntimeError("%s %s (%s: %s)" % (marker, _sys.executable, type(e).__name__, e))
+        return _task.barrier_task(spec)(partition)
+
+    return run
 
 
 def _pickle_main(main, kwargs):

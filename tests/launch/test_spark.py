@@ -5,6 +5,7 @@ process left behind (conftest.no_stray_processes runs after every test)."""
 import json
 import os
 import pickle
+import subprocess
 import sys
 import threading
 import time
@@ -202,3 +203,28 @@ def test_horovod_settings_on_the_driver_reach_the_ranks(spark, monkeypatch, tmp_
     assert settings["HOROVOD_FUSION_THRESHOLD"] == "4096"
     events = json.loads(timeline.read_text())
     assert any(e.get("args", {}).get("name") == "allreduce.traced" for e in events)
+
+
+def test_executors_without_horovod_cpp_get_a_clear_error(spark, tmp_path):
+    # The executors run Debian's /usr/bin/python3, which has torch but not horovod_cpp (the
+    # tests install it into .venv only). PySpark reads the executors' Python from the
+    # SparkContext when a job is created, as PYSPARK_PYTHON sets it at session start.
+    bare = "/usr/bin/python3"
+    probe = subprocess.run([bare, "-c", "import horovod_cpp"], cwd=str(tmp_path),
+                           capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip("%s can import horovod_cpp here" % bare)
+    sc = spark.sparkContext
+    saved = sc.pythonExec
+    sc.pythonExec = bare
+    try:
+        with pytest.raises(HorovodRunnerError) as info:
+            HorovodRunner(np=2).run(allreduce_ranks)
+    finally:
+        sc.pythonExec = saved
+    message = str(info.value)
+    assert message.startswith("the Spark executors' Python, %s, cannot import horovod_cpp "
+                              "(ModuleNotFoundError: No module named 'horovod_cpp')" % bare), message
+    assert "PYSPARK_PYTHON" in message and sys.executable in message
+    assert "\tat " not in message and len(message) < 600  # no Java stack trace
+    assert HorovodRunner(np=2).run(allreduce_ranks)[:3] == (0, 2, 1.0)  # and the next run works
