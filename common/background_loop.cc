@@ -133,6 +133,7 @@ Status BackgroundLoop::SyncConfig() {
   w.F64(config_.cycle_time_ms);
   w.F64(config_.stall_check_time_seconds);
   w.F64(config_.stall_shutdown_time_seconds);
+  w.F64(config_.deadlock_grace_seconds);
   std::vector<uint8_t> bytes = w.bytes();
   HVD_RETURN_IF_ERROR(backend_->BroadcastBytes(&bytes, 0));
   wire::Reader rd(bytes.data(), bytes.size());
@@ -143,6 +144,7 @@ Status BackgroundLoop::SyncConfig() {
   HVD_RETURN_IF_ERROR(rd.F64(&agreed.cycle_time_ms, "cycle time"));
   HVD_RETURN_IF_ERROR(rd.F64(&agreed.stall_check_time_seconds, "stall check time"));
   HVD_RETURN_IF_ERROR(rd.F64(&agreed.stall_shutdown_time_seconds, "stall shutdown time"));
+  HVD_RETURN_IF_ERROR(rd.F64(&agreed.deadlock_grace_seconds, "deadlock grace"));
   if (agreed.fusion_threshold_bytes != config_.fusion_threshold_bytes ||
       agreed.collective_chunk_bytes != config_.collective_chunk_bytes ||
       agreed.cache_capacity != config_.cache_capacity ||
@@ -209,9 +211,12 @@ Status BackgroundLoop::Loop() {
     last_cycle = std::chrono::steady_clock::now();
     std::vector<Request> fresh = queue_->PopNewRequests();
     outstanding += fresh.size();
-    Result<CycleOutcome> outcome =
-        controller.RunCycle(std::move(fresh), queue_->shutdown_requested(), outstanding);
+    Result<CycleOutcome> outcome = controller.RunCycle(
+        std::move(fresh), queue_->shutdown_requested(), outstanding, queue_->BlockedOn());
     if (!outcome.ok()) return outcome.status();
+    if (!outcome->deadlocked.empty()) {  // identical on every rank: fail what can never run
+      outstanding -= queue_->FailKeys(outcome->deadlocked, Status::Aborted(outcome->deadlock));
+    }
     idle = outcome->idle;
     follow_up = outcome->follow_up;
 

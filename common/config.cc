@@ -130,6 +130,12 @@ const std::vector<Knob>& Knobs() {
         "A stall this long shuts the job down; pending operations fail with the reason."},
        HVD_ASSIGN_FIELD(stall_shutdown_time_seconds,
                         ParseDouble(name, value, 0.0, kMaxStallSeconds, "seconds"))},
+      {{"HOROVOD_DEADLOCK_GRACE_SECONDS", "seconds", "5", "0 .. 86400; 0 = no detection",
+        "Every rank blocked waiting on operations, and nothing submitted or completed "
+        "anywhere, for this long is a deadlock: the waits fail on every rank, naming what "
+        "each rank waits for."},
+       HVD_ASSIGN_FIELD(deadlock_grace_seconds,
+                        ParseDouble(name, value, 0.0, kMaxStallSeconds, "seconds"))},
       {{"HOROVOD_TIMELINE", "path", "(unset)", "a file path, or DYNAMIC",
         "Chrome-tracing timeline written by rank 0; DYNAMIC starts it later through the API."},
        [](const char*, const std::string& value, Config* c) -> Status {

@@ -39,6 +39,9 @@ struct Config {
   double stall_check_time_seconds = 60.0;
   // Seconds after which a stall shuts the job down; 0 never shuts down.
   double stall_shutdown_time_seconds = 0.0;
+  // Seconds every rank may stay blocked in a wait with nothing able to complete before the
+  // waits fail as a deadlock; 0 disables the detection.
+  double deadlock_grace_seconds = 5.0;
   // Timeline output path ("" = off, "DYNAMIC" = started later through the API).
   std::string timeline_path;
   bool timeline_mark_cycles = false;

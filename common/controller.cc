@@ -2,8 +2,10 @@
 #include "common/controller.h"
 
 #include <algorithm>
+#include <sstream>
 
 #include "common/logging.h"
+#include "common/names.h"
 
 namespace hvd {
 namespace {
@@ -16,6 +18,9 @@ constexpr uint64_t kNoOutstanding = 1u << 2;
 constexpr uint64_t kNoInvalid = 1u << 3;
 constexpr uint64_t kNoJoined = 1u << 4;
 constexpr uint64_t kNoFresh = 1u << 5;
+// Not inverted: the AND says "every rank is blocked waiting".
+constexpr uint64_t kBlocked = 1u << 6;
+constexpr uint64_t kNoDeadlockDue = 1u << 7;
 
 bool TestBit(const uint64_t* words, uint32_t bit) { return (words[bit / 64] >> (bit % 64)) & 1u; }
 void SetBit(uint64_t* words, uint32_t bit) { words[bit / 64] |= uint64_t{1} << (bit % 64); }
@@ -48,14 +53,18 @@ Controller::Controller(ops::Backend* backend, const Config& config, const Proces
       cache_(static_cast<uint32_t>(config.cache_capacity)),
       stall_(config.stall_check_time_seconds, config.stall_shutdown_time_seconds),
       rank_(backend->topology().rank),
-      timeline_(timeline) {
+      timeline_(timeline),
+      deadlock_grace_(std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(config.deadlock_grace_seconds))),
+      deadlock_grace_seconds_(config.deadlock_grace_seconds) {
   if (rank_ == 0) {
     coordinator_ = std::make_unique<Coordinator>([sets](int32_t id) { return sets->Ranks(id); });
   }
 }
 
 Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
-                                          bool shutdown_requested, size_t outstanding) {
+                                          bool shutdown_requested, size_t outstanding,
+                                          const std::vector<Request>& blocked_on) {
   counters_->cycles.fetch_add(1, std::memory_order_relaxed);
   const Clock::time_point now = Clock::now();
   CycleOutcome outcome;
@@ -100,6 +109,10 @@ Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
   if (my_invalid.empty()) *status |= kNoInvalid;
   if (!joined_) *status |= kNoJoined;
   if (new_requests_count == 0) *status |= kNoFresh;
+  if (!blocked_on.empty()) *status |= kBlocked;
+  const bool due = deadlock_grace_seconds_ > 0 && stuck_since_ &&
+                   now - *stuck_since_ >= deadlock_grace_;
+  if (!due) *status |= kNoDeadlockDue;
   for (size_t i = 0; i < bit_words; ++i) invalid_words[i] = requested_words[i] = ~uint64_t{0};
   for (const auto& [bit, hit] : hits) {
     SetBit(hit_words, bit);
@@ -122,6 +135,8 @@ Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
   const bool any_invalid = !(*status & kNoInvalid);
   const bool any_joined = !(*status & kNoJoined);
   const bool any_fresh = !(*status & kNoFresh);
+  const bool all_blocked = (*status & kBlocked) != 0;
+  const bool any_due = !(*status & kNoDeadlockDue);
   outcome.idle = (*status & kNoOutstanding) != 0;
 
   // 3. Invalidate, identically on every rank.
@@ -163,9 +178,13 @@ Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
   }
 
   // 5. Slow path.
-  if (any_misses || any_invalid || any_shutdown || any_joined) {
+  const bool slow = any_misses || any_invalid || any_shutdown || any_joined;
+  if (slow) {
     HVD_RETURN_IF_ERROR(SlowPath(std::move(misses), shutdown_requested, any_joined, &outcome));
   }
+  // 6. Deadlock: every rank blocked, nothing new anywhere and nothing released.
+  const bool quiet = all_blocked && !any_fresh && !slow && outcome.responses.empty();
+  HVD_RETURN_IF_ERROR(TrackDeadlock(quiet, any_due, blocked_on, now, &outcome));
   // Only after fresh submissions (so a stalled tensor cannot spin the loop).
   outcome.follow_up = any_fresh && (partial || any_misses);
   counters_->cache_entries.store(cache_.size(), std::memory_order_relaxed);
@@ -201,6 +220,70 @@ void Controller::NegotiationDone(const Response& response) {
     timeline_->End(it->second);
     negotiating_.erase(it);
   }
+}
+
+namespace {
+
+// "barrier", "allgather 'allgather.x'", "allreduce 'g' (process set 2)".
+std::string DescribeWait(const Request& q) {
+  const bool internal = q.tensor_name.rfind(kReservedPrefix, 0) == 0;
+  std::string s = OpTypeLowerName(q.type);
+  if (q.type == OpType::kProcessSetAdd || q.type == OpType::kProcessSetRemove) {
+    s = "a process-set change";
+  } else if (!internal) {
+    s += " '" + q.tensor_name + "'";
+  }
+  if (q.process_set_id != kGlobalProcessSetId) {
+    s += " (process set " + std::to_string(q.process_set_id) + ")";
+  }
+  return s;
+}
+
+}  // namespace
+
+Status Controller::TrackDeadlock(bool quiet, bool due, const std::vector<Request>& blocked_on,
+                                 Clock::time_point now, CycleOutcome* outcome) {
+  if (deadlock_grace_seconds_ <= 0 || !quiet) {
+    stuck_since_.reset();
+    return Status::OK();
+  }
+  if (!due) {  // identical on every rank: the clocks start in the same cycle
+    if (!stuck_since_) stuck_since_ = now;
+    return Status::OK();
+  }
+  stuck_since_.reset();
+  // Every rank says what it waits for; rank 0 writes the one message all ranks report.
+  std::string mine;
+  for (const Request& q : blocked_on) mine += (mine.empty() ? "" : ", ") + DescribeWait(q);
+  std::vector<std::vector<uint8_t>> gathered;
+  HVD_RETURN_IF_ERROR(
+      backend_->GatherBytes(std::vector<uint8_t>(mine.begin(), mine.end()), &gathered));
+  std::vector<uint8_t> message;
+  if (coordinator_) {
+    std::ostringstream text;
+    text << "deadlock: every rank is blocked waiting and none of the operations they wait for "
+            "can complete (nothing was submitted or completed for "
+         << deadlock_grace_seconds_ << " s, HOROVOD_DEADLOCK_GRACE_SECONDS): ";
+    for (size_t r = 0; r < gathered.size(); ++r) {
+      const std::string what(gathered[r].begin(), gathered[r].end());
+      text << (r ? "; " : "") << "rank " << r << " waits for "
+           << (what.empty() ? "nothing of its own" : what);
+    }
+    text << ". Every operation still pending on any rank fails; check that all ranks submit "
+            "the same operations in the same order.";
+    const std::string t = text.str();
+    message.assign(t.begin(), t.end());
+    coordinator_->Clear();
+  }
+  HVD_RETURN_IF_ERROR(backend_->BroadcastBytes(&message, 0));
+  outcome->deadlock.assign(message.begin(), message.end());
+  HVD_LOG(ERROR) << outcome->deadlock;
+  for (const PendingHit& h : pending_hits_) outcome->deadlocked.push_back(h.request.key());
+  for (const auto& [key, q] : sent_) outcome->deadlocked.push_back(key);
+  pending_hits_.clear();
+  sent_.clear();
+  negotiating_.clear();
+  return Status::OK();
 }
 
 void Controller::InspectStalls(Clock::time_point now) {

@@ -32,6 +32,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -62,6 +63,10 @@ struct CycleOutcome {
   // tensor microseconds apart, and each rank's cycle starts when its own work arrives): run
   // the next cycle at once instead of after HOROVOD_CYCLE_TIME. Identical on every rank.
   bool follow_up = false;
+  // A deadlock was declared (on every rank in the same cycle): this rank's pending operations
+  // to fail, with `deadlock` as the message.
+  std::vector<TensorKey> deadlocked;
+  std::string deadlock;
 };
 
 class Controller {
@@ -76,8 +81,9 @@ class Controller {
 
   // Runs one cycle. `new_requests`: enqueued on this rank since the last cycle.
   // `outstanding`: this rank's operations not yet completed (new ones included).
+  // `blocked_on`: what this rank's threads are blocked waiting for (TensorQueue::BlockedOn).
   Result<CycleOutcome> RunCycle(std::vector<Request> new_requests, bool shutdown_requested,
-                                size_t outstanding);
+                                size_t outstanding, const std::vector<Request>& blocked_on = {});
 
  private:
   struct PendingHit {
@@ -90,6 +96,10 @@ class Controller {
   // Cache bookkeeping for the agreed slow-path responses, in order (identical on all ranks).
   void Absorb(const Response& response, bool any_joined);
   void InspectStalls(Clock::time_point now);
+  // Deadlock detection: every rank blocked, nothing new and nothing released for the grace.
+  // `quiet`: this cycle (identical on every rank) had all ranks blocked and no progress.
+  Status TrackDeadlock(bool quiet, bool due, const std::vector<Request>& blocked_on,
+                       Clock::time_point now, CycleOutcome* outcome);
   // Timeline: a NEGOTIATE span per tensor from the first request seen to its release, with an
   // instant for each rank's request (on the fast path, only this rank's is visible).
   bool Recording();
@@ -113,6 +123,10 @@ class Controller {
   uint32_t timeline_session_ = 0;
   // Tensors with a NEGOTIATE span open in the timeline -> their timeline row.
   std::unordered_map<TensorKey, int32_t, TensorKeyHash> negotiating_;
+  // Deadlock detection: the grace (zero = off) and since when every rank has been stuck.
+  Clock::duration deadlock_grace_;
+  double deadlock_grace_seconds_;
+  std::optional<Clock::time_point> stuck_since_;
   // Rank 0: the stall inspector asked for a shutdown; voted in the next cycle.
   bool stall_shutdown_ = false;
   std::string stall_reason_;

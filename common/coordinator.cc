@@ -368,6 +368,13 @@ void Coordinator::DropProcessSet(int32_t process_set_id) {
   }
 }
 
+void Coordinator::Clear() {
+  table_.clear();
+  sets_by_name_.clear();
+  ready_.clear();
+  held_groups_.clear();
+}
+
 std::vector<Coordinator::Pending> Coordinator::PendingSince(Clock::time_point cutoff) const {
   std::map<uint64_t, Pending> ordered;
   const std::vector<int> joined = joined_ranks();

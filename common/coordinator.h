@@ -47,6 +47,8 @@ class Coordinator {
 
   // Forgets a removed process set's pending tensors.
   void DropProcessSet(int32_t process_set_id);
+  // Forgets every pending tensor (a deadlock failed them on every rank).
+  void Clear();
 
   // Tensors some but not all ranks have requested.
   size_t pending_count() const { return table_.size(); }

@@ -450,9 +450,12 @@ Result<Handle> EnqueueJoin(StatusCallback callback) {
 Status Barrier(int32_t process_set_id) {
   HVD_RETURN_IF_ERROR(CheckRunning());
   HVD_RETURN_IF_ERROR(MemberSet("barrier", process_set_id).status());
-  const int64_t n = R().noname[static_cast<int>(OpType::kBarrier)].fetch_add(1);
-  HVD_ASSIGN_OR_RETURN(Handle h, SubmitControl(OpType::kBarrier, kBarrierPrefix + std::to_string(n),
-                                               process_set_id, {}, nullptr));
+  // One name per process set, not a per-process count: a barrier that failed on some ranks
+  // only (a deadlock, say) must not shift those ranks' later barriers against the others'.
+  // A second barrier of the same set from another thread of this rank is rejected as in flight.
+  HVD_ASSIGN_OR_RETURN(Handle h,
+                       SubmitControl(OpType::kBarrier, kBarrierPrefix + std::to_string(process_set_id),
+                                     process_set_id, {}, nullptr));
   return Wait(h);
 }
 

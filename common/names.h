@@ -7,7 +7,7 @@ namespace hvd {
 
 constexpr const char* kReservedPrefix = "__hvd.";
 constexpr const char* kJoinName = "__hvd.join";
-constexpr const char* kBarrierPrefix = "__hvd.barrier.";
+constexpr const char* kBarrierPrefix = "__hvd.barrier.";  // + the process set id
 constexpr const char* kProcessSetAddPrefix = "__hvd.process_set.add.";
 constexpr const char* kProcessSetRemovePrefix = "__hvd.process_set.remove.";
 

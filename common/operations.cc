@@ -148,14 +148,19 @@ Status StopTimeline() {
 Result<bool> Poll(Handle handle) { return R().handles.Poll(handle); }
 
 // A waited handle's names may be submitted again (TensorQueue reserves them until then).
+// While it waits, the thread counts as blocked for deadlock detection (TensorQueue::BlockedOn).
 Status Wait(Handle handle) {
+  R().queue.BeginWait(handle);
   Status s = R().handles.Wait(handle);
+  R().queue.EndWait(handle);
   R().queue.ReleaseNames(handle);
   return s;
 }
 
 Result<std::vector<Output>> WaitOutputs(Handle handle) {
+  R().queue.BeginWait(handle);
   Result<std::vector<Output>> r = R().handles.WaitOutputs(handle);
+  R().queue.EndWait(handle);
   R().queue.ReleaseNames(handle);
   return r;
 }

@@ -41,6 +41,50 @@ Status TensorQueue::Add(std::vector<TensorTableEntry> entries, Handle handle) {
   return Status::OK();
 }
 
+void TensorQueue::BeginWait(Handle handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  waiting_.insert(handle);
+}
+
+void TensorQueue::EndWait(Handle handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = waiting_.find(handle);
+  if (it != waiting_.end()) waiting_.erase(it);
+}
+
+std::vector<Request> TensorQueue::BlockedOn() const {
+  std::vector<Request> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  std::unordered_set<Handle> seen;
+  for (Handle h : waiting_) {
+    if (!seen.insert(h).second) continue;
+    auto names = reserved_by_handle_.find(h);
+    if (names == reserved_by_handle_.end()) continue;
+    for (const TensorKey& key : names->second) {
+      auto it = table_.find(key);
+      if (it != table_.end()) out.push_back(it->second.request);
+    }
+  }
+  return out;
+}
+
+size_t TensorQueue::FailKeys(const std::vector<TensorKey>& keys, const Status& status) {
+  std::vector<TensorTableEntry> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const TensorKey& key : keys) {
+      auto it = table_.find(key);
+      if (it == table_.end()) continue;
+      failed.push_back(std::move(it->second));
+      table_.erase(it);
+    }
+  }
+  for (TensorTableEntry& e : failed) {
+    if (e.callback) e.callback(status);
+  }
+  return failed.size();
+}
+
 void TensorQueue::ReleaseNames(Handle handle) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = reserved_by_handle_.find(handle);
@@ -142,6 +186,7 @@ void TensorQueue::Reset() {
   removed_sets_.clear();
   reserved_.clear();
   reserved_by_handle_.clear();
+  waiting_.clear();
 }
 
 size_t TensorQueue::size() const {

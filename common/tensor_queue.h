@@ -51,6 +51,16 @@ class TensorQueue {
   // name is still reserved (or repeated within `entries`). Wakes the background thread.
   Status Add(std::vector<TensorTableEntry> entries, Handle handle);
 
+  // Any thread: a framework thread starts / stops blocking in a wait on `handle`.
+  void BeginWait(Handle handle);
+  void EndWait(Handle handle);
+  // Background thread. The requests this rank's blocked threads wait for that have not started
+  // running (still queued); empty when no thread is blocked on such an operation.
+  std::vector<Request> BlockedOn() const;
+  // Background thread. Completes the queued entries of `keys` with `status` (callbacks
+  // outside the lock); returns how many there were.
+  size_t FailKeys(const std::vector<TensorKey>& keys, const Status& status);
+
   // Any thread. Frees the names reserved under `handle` (its caller has waited for it).
   // Idempotent; a handle of an earlier Init (before Reset) reserves nothing.
   void ReleaseNames(Handle handle);
@@ -93,6 +103,8 @@ class TensorQueue {
   // Names reserved until their handle is released, and each handle's names.
   std::unordered_set<TensorKey, TensorKeyHash> reserved_ HVD_GUARDED_BY(mu_);
   std::unordered_map<Handle, std::vector<TensorKey>> reserved_by_handle_ HVD_GUARDED_BY(mu_);
+  // Handles some thread is blocked on (one element per waiting thread).
+  std::unordered_multiset<Handle> waiting_ HVD_GUARDED_BY(mu_);
   bool shutdown_requested_ HVD_GUARDED_BY(mu_) = false;
   bool closed_ HVD_GUARDED_BY(mu_) = false;
   // Removed process sets (ids are never reused): adds for them fail, so no entry can slip in

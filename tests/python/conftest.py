@@ -17,6 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pytest_deadline import deadline  # noqa: E402,F401  (a per-test deadline)
 
 os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
+# A short deadlock grace: the deadlock tests are quick, and every other test runs under it too
+# (a false deadlock would fail them).
+os.environ.setdefault("HOROVOD_DEADLOCK_GRACE_SECONDS", "2")
 
 import horovod_cpp.torch as hvd  # noqa: E402
 

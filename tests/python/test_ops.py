@@ -390,3 +390,28 @@ def test_exports_match_horovod_torch():
     missing = [name for name in expected if not hasattr(hvd, name)]
     assert not missing
     assert issubclass(hvd.HorovodInternalError, RuntimeError)
+
+
+def test_a_deadlock_is_an_error_on_every_rank_not_a_hang():
+    # Rank 0 waits in a barrier, the others in an allgather: neither can complete.
+    start = time.monotonic()
+    with pytest.raises(hvd.HorovodInternalError) as info:
+        if hvd.rank() == 0:
+            hvd.barrier()
+        else:
+            hvd.allgather(torch.ones(1, 2), name="deadlocked")
+    message = str(info.value)
+    assert "deadlock: every rank is blocked waiting" in message, message
+    want = "rank 0 waits for barrier" + "".join(
+        "; rank %d waits for allgather 'allgather.deadlocked'" % r for r in range(1, hvd.size()))
+    assert want in message, message
+    assert time.monotonic() - start >= 1.5  # the grace (conftest: 2 s)
+    assert same_on_every_rank(message) == [message] * hvd.size()
+    hvd.barrier()  # the job goes on, barriers realigned
+    assert hvd.allgather(torch.ones(1, 2), name="deadlocked").shape == (hvd.size(), 2)
+
+
+def test_a_rank_computing_longer_than_the_grace_is_not_a_deadlock():
+    if hvd.rank() == hvd.size() - 1:
+        time.sleep(3)  # longer than the 2 s grace, but computing, not waiting
+    assert hvd.allreduce(torch.ones(2), op=hvd.Sum, name="late").tolist() == [hvd.size()] * 2

@@ -28,6 +28,7 @@ TEST(Config, DefaultsMatchHorovod) {
   EXPECT_EQ(c->log_level, LogLevel::kWarning);
   EXPECT_EQ(c->stall_check_time_seconds, 60.0);
   EXPECT_EQ(c->stall_shutdown_time_seconds, 0.0);
+  EXPECT_EQ(c->deadlock_grace_seconds, 5.0);
   EXPECT_EQ(c->timeline_path, "");
   EXPECT_FALSE(c->timeline_mark_cycles);
 }
@@ -120,6 +121,7 @@ TEST(Config, KnobTableDescribesEveryKnobOnce) {
                                              "HOROVOD_LOG_LEVEL",
                                              "HOROVOD_STALL_CHECK_TIME_SECONDS",
                                              "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+                                             "HOROVOD_DEADLOCK_GRACE_SECONDS",
                                              "HOROVOD_TIMELINE",
                                              "HOROVOD_TIMELINE_MARK_CYCLES",
                                              "HOROVOD_DYNAMIC_PROCESS_SETS",
