@@ -74,6 +74,25 @@ TensorTableEntry Entry(OpType type, int rank, const std::string& name, float* in
   return e;
 }
 
+// Starts every rank's background loop at once (Start blocks until the ranks have met).
+::testing::AssertionResult StartLoops(const std::vector<std::unique_ptr<SimRank>>& ranks,
+                                      const std::shared_ptr<test::LocalWorld>& world,
+                                      const Config& config) {
+  std::vector<std::thread> starters;
+  std::vector<Status> started(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    starters.emplace_back([&, r] {
+      started[r] = ranks[r]->loop.Start(config, {},
+                                        test::CreateLocalBackend(world, static_cast<int>(r)));
+    });
+  }
+  for (auto& t : starters) t.join();
+  for (const Status& s : started) {
+    if (!s.ok()) return ::testing::AssertionFailure() << s.ToString();
+  }
+  return ::testing::AssertionSuccess();
+}
+
 void RunJob(int size, int threads_per_rank, int ops_per_thread, const std::string& timeline) {
   auto world = std::make_shared<test::LocalWorld>(size);
   std::vector<std::unique_ptr<SimRank>> ranks;
@@ -83,18 +102,7 @@ void RunJob(int size, int threads_per_rank, int ops_per_thread, const std::strin
   config.fusion_threshold_bytes = 64 << 10;
   config.collective_chunk_bytes = 4 << 10;  // chunked paths too
   config.timeline_path = timeline;
-  {
-    std::vector<std::thread> starters;
-    std::vector<Status> started(static_cast<size_t>(size));
-    for (int r = 0; r < size; ++r) {
-      starters.emplace_back([&, r] {
-        started[static_cast<size_t>(r)] = ranks[static_cast<size_t>(r)]->loop.Start(
-            config, {}, test::CreateLocalBackend(world, r));
-      });
-    }
-    for (auto& t : starters) t.join();
-    for (const Status& s : started) ASSERT_TRUE(s.ok()) << s.ToString();
-  }
+  ASSERT_TRUE(StartLoops(ranks, world, config));
 
   // Every framework thread of every rank submits the same named tensors (in its own random
   // order, some allreduces, some broadcasts), then waits for all of them.
@@ -188,18 +196,7 @@ TEST(SimulatedRanks, CoordinatorTableHoldsOnlyRequestsStillAwaitingARank) {
   Config config;
   config.cycle_time_ms = 0.5;
   config.cache_capacity = 1;  // every Put evicts the other name
-  {
-    std::vector<std::thread> starters;
-    std::vector<Status> started(kSize);
-    for (int r = 0; r < kSize; ++r) {
-      starters.emplace_back([&, r] {
-        started[static_cast<size_t>(r)] = ranks[static_cast<size_t>(r)]->loop.Start(
-            config, {}, test::CreateLocalBackend(world, r));
-      });
-    }
-    for (auto& t : starters) t.join();
-    for (const Status& s : started) ASSERT_TRUE(s.ok()) << s.ToString();
-  }
+  ASSERT_TRUE(StartLoops(ranks, world, config));
   constexpr int64_t kElems = 8;
   Handle next_handle = 1;
   struct Op {
