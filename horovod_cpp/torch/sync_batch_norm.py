@@ -40,7 +40,7 @@ class SyncBatchNorm(_BatchNorm):
 
         channels = input.size(1)
         dims = [0] + list(range(2, input.dim()))
-        count = torch.full([1], input.numel() / channels, dtype=input.dtype)
+        count = torch.full([1], input.numel() / channels, dtype=input.dtype, device=input.device)
         local = torch.cat([input.sum(dims), (input * input).sum(dims), count])
         total = allreduce(local, op=Sum, process_set=self.process_set)
         n = total[-1]

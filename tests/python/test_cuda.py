@@ -71,3 +71,44 @@ def test_cpu_on_one_rank_gpu_on_another_is_an_error_everywhere():
     t = torch.ones(4, device=device) if hvd.rank() == 0 else torch.ones(4)
     with pytest.raises(hvd.HorovodInternalError, match="mismatched devices"):
         hvd.allreduce(t, name="cuda.mixed")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_average_with_scale_factors(dtype):
+    device = _gpu_or_skip()
+    n, r = hvd.size(), hvd.rank()
+    x = torch.full((1000,), float(r + 1), dtype=dtype, device=device)
+    got = hvd.allreduce(x, op=hvd.Average, prescale_factor=0.5, postscale_factor=4.0,
+                        name="cuda.lowp.%s" % dtype)
+    assert got.dtype == dtype and got.device == device
+    want = 0.5 * 4.0 * sum(q + 1 for q in range(n)) / n
+    assert torch.allclose(got.float().cpu(), torch.full((1000,), want), rtol=1e-2)
+
+
+def test_result_is_ready_on_the_current_stream_after_synchronize():
+    # A large tensor: the collective is still running on the core's stream when synchronize
+    # returns; the caller's current stream must wait for it before the next kernel reads it.
+    device = _gpu_or_skip()
+    n = hvd.size()
+    x = torch.arange(1 << 24, dtype=torch.float32, device=device) % 7
+    handle = hvd.allreduce_async(x, op=hvd.Sum, prescale_factor=3.0, name="cuda.ready")
+    out = hvd.synchronize(handle)
+    total = out.sum()  # queued on the current stream right away
+    want = 3.0 * n * float((torch.arange(1 << 24, dtype=torch.float64) % 7).sum())
+    assert abs(total.item() - want) / want < 1e-5
+
+
+def test_sync_batch_norm_on_cuda_matches_batch_norm_on_the_full_batch():
+    device = _gpu_or_skip()
+    if hvd.size() < 2:
+        pytest.skip("needs 2 ranks (one rank runs plain batch norm)")
+    n, r = hvd.size(), hvd.rank()
+    g = torch.Generator().manual_seed(3)
+    full = torch.randn(4 * n, 3, 5, generator=g, dtype=torch.float64)
+    sync = hvd.SyncBatchNorm(3).double().to(device)
+    ref = torch.nn.BatchNorm1d(3).double()
+    out = sync(full[4 * r:4 * (r + 1)].to(device))
+    want = ref(full)[4 * r:4 * (r + 1)]
+    assert torch.allclose(out.detach().cpu(), want.detach(), atol=1e-9)
+    assert torch.allclose(sync.running_mean.cpu(), ref.running_mean, atol=1e-9)
+    assert torch.allclose(sync.running_var.cpu(), ref.running_var, atol=1e-9)
