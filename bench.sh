@@ -43,5 +43,10 @@ fi
   "${MPIRUN[@]}" build/examples/bench/timeline_overhead "${TL[@]}"
   echo "# training throughput vs torch DDP (gloo)"
   "${MPIRUN[@]}" .venv/bin/python examples/bench/synthetic_train.py "${ST[@]}"
+  if [[ -x build/examples/bench/nccl_bench ]]; then  # NCCL builds; skips, saying so, without a GPU
+    echo "# CUDA tensors: horovod_cpp's NCCL path vs raw NCCL calls (one rank per GPU)"
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
+    mpirun -np "$(( gpus > 0 ? gpus : 1 ))" --bind-to none build/examples/bench/nccl_bench
+  fi
 } 2>&1 | tee bench.log
 echo "bench.sh: done in $((SECONDS - start)) s; figures in bench.log" >&2
