@@ -211,8 +211,9 @@ Status BackgroundLoop::Loop() {
     last_cycle = std::chrono::steady_clock::now();
     std::vector<Request> fresh = queue_->PopNewRequests();
     outstanding += fresh.size();
-    Result<CycleOutcome> outcome = controller.RunCycle(
-        std::move(fresh), queue_->shutdown_requested(), outstanding, queue_->BlockedOn());
+    Result<CycleOutcome> outcome =
+        controller.RunCycle(std::move(fresh), queue_->shutdown_requested(), outstanding,
+                            queue_->Blocked(), [this] { return queue_->BlockedOn(); });
     if (!outcome.ok()) return outcome.status();
     if (!outcome->deadlocked.empty()) {  // identical on every rank: fail what can never run
       outstanding -= queue_->FailKeys(outcome->deadlocked, Status::Aborted(outcome->deadlock));

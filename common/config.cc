@@ -262,8 +262,10 @@ size_t EditDistance(const std::string& a, const std::string& b) {
 
 std::vector<std::string> UnknownSettingWarnings(const std::vector<std::string>& env_names) {
   const std::string prefix = "HOROVOD_";
-  std::vector<std::string> known;  // every name a "did you mean" may propose
+  std::vector<std::string> known;  // the names horovod_cpp reads
   for (const Knob& knob : Knobs()) known.push_back(knob.spec.name);
+  std::vector<std::string> proposals = known;  // what a "did you mean" may propose
+  for (const ForeignSetting& f : kHorovodSettings) proposals.push_back(f.name);
   std::vector<std::string> out;
   std::vector<std::string> names = env_names;
   std::sort(names.begin(), names.end());
@@ -275,11 +277,10 @@ std::vector<std::string> UnknownSettingWarnings(const std::vector<std::string>& 
                     [&](const char* n) { return name == n; })) {
       continue;
     }
-    const ForeignSetting* foreign = nullptr;
-    for (const ForeignSetting& f : kHorovodSettings) {
-      if (name == f.name) foreign = &f;
-    }
-    if (foreign != nullptr) {
+    const ForeignSetting* foreign =
+        std::find_if(std::begin(kHorovodSettings), std::end(kHorovodSettings),
+                     [&](const ForeignSetting& f) { return name == f.name; });
+    if (foreign != std::end(kHorovodSettings)) {
       out.push_back(name + " is a Horovod setting that horovod_cpp does not implement: " +
                     foreign->advice);
       continue;
@@ -294,13 +295,9 @@ std::vector<std::string> UnknownSettingWarnings(const std::vector<std::string>& 
     // The nearest setting within a few edits (about one in six characters) is a likely typo.
     std::string best;
     size_t best_distance = std::max<size_t>(2, name.size() / 6) + 1;
-    for (const std::string& k : known) {
-      const size_t d = EditDistance(name, k);
-      if (d < best_distance) best_distance = d, best = k;
-    }
-    for (const ForeignSetting& f : kHorovodSettings) {
-      const size_t d = EditDistance(name, f.name);
-      if (d < best_distance) best_distance = d, best = f.name;
+    for (const std::string& candidate : proposals) {
+      const size_t d = EditDistance(name, candidate);
+      if (d < best_distance) best_distance = d, best = candidate;
     }
     out.push_back(name + " is not a horovod_cpp setting" +
                   (best.empty() ? std::string("; docs/config.md lists the settings")

@@ -54,8 +54,6 @@ Controller::Controller(ops::Backend* backend, const Config& config, const Proces
       stall_(config.stall_check_time_seconds, config.stall_shutdown_time_seconds),
       rank_(backend->topology().rank),
       timeline_(timeline),
-      deadlock_grace_(std::chrono::duration_cast<Clock::duration>(
-          std::chrono::duration<double>(config.deadlock_grace_seconds))),
       deadlock_grace_seconds_(config.deadlock_grace_seconds) {
   if (rank_ == 0) {
     coordinator_ = std::make_unique<Coordinator>([sets](int32_t id) { return sets->Ranks(id); });
@@ -64,7 +62,7 @@ Controller::Controller(ops::Backend* backend, const Config& config, const Proces
 
 Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
                                           bool shutdown_requested, size_t outstanding,
-                                          const std::vector<Request>& blocked_on) {
+                                          bool blocked, const BlockedOnFn& blocked_on) {
   counters_->cycles.fetch_add(1, std::memory_order_relaxed);
   const Clock::time_point now = Clock::now();
   CycleOutcome outcome;
@@ -109,9 +107,9 @@ Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
   if (my_invalid.empty()) *status |= kNoInvalid;
   if (!joined_) *status |= kNoJoined;
   if (new_requests_count == 0) *status |= kNoFresh;
-  if (!blocked_on.empty()) *status |= kBlocked;
+  if (blocked) *status |= kBlocked;
   const bool due = deadlock_grace_seconds_ > 0 && stuck_since_ &&
-                   now - *stuck_since_ >= deadlock_grace_;
+                   now - *stuck_since_ >= std::chrono::duration<double>(deadlock_grace_seconds_);
   if (!due) *status |= kNoDeadlockDue;
   for (size_t i = 0; i < bit_words; ++i) invalid_words[i] = requested_words[i] = ~uint64_t{0};
   for (const auto& [bit, hit] : hits) {
@@ -241,7 +239,7 @@ std::string DescribeWait(const Request& q) {
 
 }  // namespace
 
-Status Controller::TrackDeadlock(bool quiet, bool due, const std::vector<Request>& blocked_on,
+Status Controller::TrackDeadlock(bool quiet, bool due, const BlockedOnFn& blocked_on,
                                  Clock::time_point now, CycleOutcome* outcome) {
   if (deadlock_grace_seconds_ <= 0 || !quiet) {
     stuck_since_.reset();
@@ -254,7 +252,9 @@ Status Controller::TrackDeadlock(bool quiet, bool due, const std::vector<Request
   stuck_since_.reset();
   // Every rank says what it waits for; rank 0 writes the one message all ranks report.
   std::string mine;
-  for (const Request& q : blocked_on) mine += (mine.empty() ? "" : ", ") + DescribeWait(q);
+  if (blocked_on) {
+    for (const Request& q : blocked_on()) mine += (mine.empty() ? "" : ", ") + DescribeWait(q);
+  }
   std::vector<std::vector<uint8_t>> gathered;
   HVD_RETURN_IF_ERROR(
       backend_->GatherBytes(std::vector<uint8_t>(mine.begin(), mine.end()), &gathered));

@@ -31,6 +31,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -81,9 +82,13 @@ class Controller {
 
   // Runs one cycle. `new_requests`: enqueued on this rank since the last cycle.
   // `outstanding`: this rank's operations not yet completed (new ones included).
-  // `blocked_on`: what this rank's threads are blocked waiting for (TensorQueue::BlockedOn).
+  // `blocked`: a thread of this rank is blocked waiting on an operation that has not started
+  // (TensorQueue::Blocked); `blocked_on` lists what it waits for, asked only when a deadlock
+  // is declared (TensorQueue::BlockedOn).
+  using BlockedOnFn = std::function<std::vector<Request>()>;
   Result<CycleOutcome> RunCycle(std::vector<Request> new_requests, bool shutdown_requested,
-                                size_t outstanding, const std::vector<Request>& blocked_on = {});
+                                size_t outstanding, bool blocked = false,
+                                const BlockedOnFn& blocked_on = nullptr);
 
  private:
   struct PendingHit {
@@ -98,7 +103,7 @@ class Controller {
   void InspectStalls(Clock::time_point now);
   // Deadlock detection: every rank blocked, nothing new and nothing released for the grace.
   // `quiet`: this cycle (identical on every rank) had all ranks blocked and no progress.
-  Status TrackDeadlock(bool quiet, bool due, const std::vector<Request>& blocked_on,
+  Status TrackDeadlock(bool quiet, bool due, const BlockedOnFn& blocked_on,
                        Clock::time_point now, CycleOutcome* outcome);
   // Timeline: a NEGOTIATE span per tensor from the first request seen to its release, with an
   // instant for each rank's request (on the fast path, only this rank's is visible).
@@ -123,8 +128,8 @@ class Controller {
   uint32_t timeline_session_ = 0;
   // Tensors with a NEGOTIATE span open in the timeline -> their timeline row.
   std::unordered_map<TensorKey, int32_t, TensorKeyHash> negotiating_;
-  // Deadlock detection: the grace (zero = off) and since when every rank has been stuck.
-  Clock::duration deadlock_grace_;
+  // Deadlock detection: the grace in seconds (0 = off) and since when every rank has been
+  // stuck.
   double deadlock_grace_seconds_;
   std::optional<Clock::time_point> stuck_since_;
   // Rank 0: the stall inspector asked for a shutdown; voted in the next cycle.

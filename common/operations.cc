@@ -2,9 +2,9 @@
 // The public C++ API (common/horovod.h), part 1: lifecycle, topology, process sets, waiting
 // and statistics. Enqueueing of operations is in enqueue.cc.
 
-#include <cstdlib>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -147,16 +147,13 @@ Status StopTimeline() {
 
 Result<bool> Poll(Handle handle) { return R().handles.Poll(handle); }
 
-// A waited handle's names may be submitted again (TensorQueue reserves them until then).
-// While it waits, the thread counts as blocked for deadlock detection (TensorQueue::BlockedOn).
 Status Wait(Handle handle) {
-  R().queue.BeginWait(handle);
-  Status s = R().handles.Wait(handle);
-  R().queue.EndWait(handle);
-  R().queue.ReleaseNames(handle);
-  return s;
+  Result<std::vector<Output>> r = WaitOutputs(handle);
+  return r.ok() ? Status::OK() : r.status();
 }
 
+// A waited handle's names may be submitted again (TensorQueue reserves them until then).
+// While it waits, the thread counts as blocked for deadlock detection (TensorQueue::Blocked).
 Result<std::vector<Output>> WaitOutputs(Handle handle) {
   R().queue.BeginWait(handle);
   Result<std::vector<Output>> r = R().handles.WaitOutputs(handle);

@@ -43,28 +43,40 @@ Status TensorQueue::Add(std::vector<TensorTableEntry> entries, Handle handle) {
 
 void TensorQueue::BeginWait(Handle handle) {
   std::lock_guard<std::mutex> lock(mu_);
-  waiting_.insert(handle);
+  ++waiting_[handle];
 }
 
 void TensorQueue::EndWait(Handle handle) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = waiting_.find(handle);
-  if (it != waiting_.end()) waiting_.erase(it);
+  if (it != waiting_.end() && --it->second == 0) waiting_.erase(it);
+}
+
+template <typename Visit>
+bool TensorQueue::VisitBlockedLocked(const Visit& visit) const {
+  for (const auto& [handle, threads] : waiting_) {
+    auto names = reserved_by_handle_.find(handle);
+    if (names == reserved_by_handle_.end()) continue;
+    for (const TensorKey& key : names->second) {
+      auto it = table_.find(key);
+      if (it != table_.end() && visit(it->second.request)) return true;
+    }
+  }
+  return false;
+}
+
+bool TensorQueue::Blocked() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return VisitBlockedLocked([](const Request&) { return true; });
 }
 
 std::vector<Request> TensorQueue::BlockedOn() const {
   std::vector<Request> out;
   std::lock_guard<std::mutex> lock(mu_);
-  std::unordered_set<Handle> seen;
-  for (Handle h : waiting_) {
-    if (!seen.insert(h).second) continue;
-    auto names = reserved_by_handle_.find(h);
-    if (names == reserved_by_handle_.end()) continue;
-    for (const TensorKey& key : names->second) {
-      auto it = table_.find(key);
-      if (it != table_.end()) out.push_back(it->second.request);
-    }
-  }
+  VisitBlockedLocked([&](const Request& r) {
+    out.push_back(r);
+    return false;
+  });
   return out;
 }
 

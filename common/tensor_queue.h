@@ -54,8 +54,10 @@ class TensorQueue {
   // Any thread: a framework thread starts / stops blocking in a wait on `handle`.
   void BeginWait(Handle handle);
   void EndWait(Handle handle);
-  // Background thread. The requests this rank's blocked threads wait for that have not started
-  // running (still queued); empty when no thread is blocked on such an operation.
+  // Background thread. Whether a thread of this rank is blocked waiting on an operation that
+  // has not started running (still queued): the deadlock vote, asked every cycle.
+  bool Blocked() const;
+  // Background thread. The requests those blocked threads wait for (for the deadlock message).
   std::vector<Request> BlockedOn() const;
   // Background thread. Completes the queued entries of `keys` with `status` (callbacks
   // outside the lock); returns how many there were.
@@ -98,13 +100,18 @@ class TensorQueue {
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  // Calls visit(request) for each queued request a blocked thread waits for, until it returns
+  // true; returns whether it did.
+  template <typename Visit>
+  bool VisitBlockedLocked(const Visit& visit) const HVD_REQUIRES(mu_);
+
   std::unordered_map<TensorKey, TensorTableEntry, TensorKeyHash> table_ HVD_GUARDED_BY(mu_);
   std::vector<Request> new_requests_ HVD_GUARDED_BY(mu_);
   // Names reserved until their handle is released, and each handle's names.
   std::unordered_set<TensorKey, TensorKeyHash> reserved_ HVD_GUARDED_BY(mu_);
   std::unordered_map<Handle, std::vector<TensorKey>> reserved_by_handle_ HVD_GUARDED_BY(mu_);
-  // Handles some thread is blocked on (one element per waiting thread).
-  std::unordered_multiset<Handle> waiting_ HVD_GUARDED_BY(mu_);
+  // Handles some thread is blocked on -> how many threads wait on each.
+  std::unordered_map<Handle, int> waiting_ HVD_GUARDED_BY(mu_);
   bool shutdown_requested_ HVD_GUARDED_BY(mu_) = false;
   bool closed_ HVD_GUARDED_BY(mu_) = false;
   // Removed process sets (ids are never reused): adds for them fail, so no entry can slip in

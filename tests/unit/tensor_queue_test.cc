@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -93,6 +94,33 @@ TEST(TensorQueue, ResetForgetsReservationsOfAnEarlierInit) {
   EXPECT_EQ(q.Add(One(Entry("a")), NextHandle()).code(), StatusCode::kFailedPrecondition);
   q.ReleaseNames(now);
   EXPECT_EQ(q.reserved(), 0u);
+}
+
+TEST(TensorQueue, BlockedWhileAThreadWaitsOnAnOperationThatHasNotStarted) {
+  TensorQueue q;
+  const Handle h = NextHandle(), other = NextHandle();
+  std::vector<TensorTableEntry> two;
+  two.push_back(Entry("g.a"));
+  two.push_back(Entry("g.b"));
+  ASSERT_TRUE(q.Add(std::move(two), h).ok());
+  ASSERT_TRUE(q.Add(One(Entry("free")), other).ok());
+  EXPECT_FALSE(q.Blocked());  // queued, but nobody waits
+  q.BeginWait(h);
+  q.BeginWait(h);  // two threads on one handle
+  EXPECT_TRUE(q.Blocked());
+  std::vector<Request> on = q.BlockedOn();
+  ASSERT_EQ(on.size(), 2u);  // each request once, whatever the number of waiters
+  std::vector<std::string> names{on[0].tensor_name, on[1].tensor_name};
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"g.a", "g.b"}));
+  q.Take(0, {"g.a"});  // one member started running: the other still blocks
+  ASSERT_EQ(q.BlockedOn().size(), 1u);
+  q.EndWait(h);
+  EXPECT_TRUE(q.Blocked());  // the second waiter is still there
+  q.Take(0, {"g.b"});
+  EXPECT_FALSE(q.Blocked());  // everything it waits for is running
+  q.EndWait(h);
+  EXPECT_TRUE(q.BlockedOn().empty());
 }
 
 TEST(TensorQueue, CloseCompletesEveryEntryOnceAndRejectsLaterAdds) {
