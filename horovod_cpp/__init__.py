@@ -35,9 +35,16 @@ if not _has_core(_SOURCE_DIR):
         __path__ = [_installed]  # noqa: F821  (the package's search path)
 
 
+def _import_core():
+    """``horovod_cpp._core``, or an ImportError that says what happened and what to do."""
+    try:
+        from horovod_cpp import _core
+        return _core
+    except ImportError as error:
+        raise _core_missing_error(error) from error
+
+
 def _core_missing_error(error):
-    """The ImportError to raise when ``horovod_cpp._core`` does not import: says what
-    happened and what to do."""
     where = _os.path.dirname(_os.path.abspath(__file__))
     if _has_core(where):
         return ImportError("horovod_cpp's compiled extension %s/_core could not be loaded: %s"

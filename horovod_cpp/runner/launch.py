@@ -45,7 +45,7 @@ def _parser():
                    help="allow more ranks than the slots of -H/--hostfile")
     for knob in mpirun.KNOBS:
         flags = (knob.flag,) + mpirun.KNOB_ALIASES.get(knob.flag, ())
-        dest = knob.flag.lstrip("-").replace("-", "_")
+        dest = knob.dest
         if knob.parse is None:
             p.add_argument(*flags, dest=dest, action="store_true", help=knob.help)
         elif knob.env == "HOROVOD_LOG_LEVEL":
@@ -139,7 +139,7 @@ def make_command(args, mpirun_path="mpirun", cpu_count=None):
         oversubscribe = args.oversubscribe or args.np > cores
     env = {}
     for knob in mpirun.KNOBS:
-        value = getattr(args, knob.flag.lstrip("-").replace("-", "_"))
+        value = getattr(args, knob.dest)
         if value is not None and value is not False:
             env[knob.env] = knob.to_env(value)
     # HOROVOD_* already in the environment reach the ranks too (flags win).

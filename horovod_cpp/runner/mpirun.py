@@ -32,7 +32,14 @@ def _number(kind, lo, hi):
     return parse
 
 
-Knob = collections.namedtuple("Knob", "flag env parse to_env help")
+class Knob(collections.namedtuple("Knob", "flag env parse to_env help")):
+    __slots__ = ()
+
+    @property
+    def dest(self):
+        """The argparse attribute of the flag: --cycle-time-ms -> cycle_time_ms."""
+        return self.flag.lstrip("-").replace("-", "_")
+
 
 KNOBS = (
     Knob("--fusion-threshold-mb", "HOROVOD_FUSION_THRESHOLD", _number(float, 0, 1 << 20),

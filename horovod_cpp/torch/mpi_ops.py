@@ -13,13 +13,11 @@ import warnings
 
 import torch
 
-try:
-    from horovod_cpp import _core
-except ImportError as _error:
-    import horovod_cpp as _package
-    raise _package._core_missing_error(_error) from _error
+import horovod_cpp
 from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.process_sets import ProcessSet, _registered, global_process_set
+
+_core = horovod_cpp._import_core()
 
 HorovodInternalError = _core.HorovodInternalError
 

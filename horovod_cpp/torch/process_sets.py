@@ -1,10 +1,8 @@
 """Process sets, as in horovod.torch: ``ProcessSet``, ``global_process_set``,
 ``add_process_set`` and ``remove_process_set``."""
-try:
-    from horovod_cpp import _core
-except ImportError as _error:
-    import horovod_cpp as _package
-    raise _package._core_missing_error(_error) from _error
+import horovod_cpp
+
+_core = horovod_cpp._import_core()
 
 
 class ProcessSet:
