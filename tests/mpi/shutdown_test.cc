@@ -80,9 +80,12 @@ TEST(Shutdown, EveryRankAtOnceWithManyPendingOps) {
                                    : "shared." + std::to_string(i);
     auto h = EnqueueAllreduce(View(bufs[i].data(), {8}), View(bufs[i].data(), {8}), name,
                               {ReduceOp::kSum}, [&](const Status&) { ++callbacks; });
-    ASSERT_TRUE(h.ok());
+    ASSERT_TRUE(h.ok()) << i << ": " << h.status().ToString();
     hs.push_back(*h);
   }
+  // Every rank has its 50 operations pending before any rank shuts down: a fast rank's
+  // Shutdown() would otherwise stop a slow rank's runtime before it has enqueued them all.
+  MPI_Barrier(MPI_COMM_WORLD);
   ASSERT_TRUE(Shutdown().ok());
   int aborted = 0;
   for (int i = 0; i < 50; ++i) {
