@@ -33,7 +33,17 @@ cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVD_SANITIZE=thread
 cmake --build build-tsan -j "$(nproc)" --target unit_tests
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/unit_tests --gtest_brief=1
 
-# 5. Fuzzing: the wire-format and configuration parsers, 60 s each (both at once), under
+# 5. The thread-safety annotations (HVD_GUARDED_BY, HVD_REQUIRES on hvd::Mutex, base/mutex.h)
+#    checked by clang -Wthread-safety -Werror over the core and the unit tests: a guarded field
+#    touched without its mutex fails here.
+cmake -S . -B build-tsa -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DHVD_THREAD_SAFETY=ON -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF \
+  -DHVD_BUILD_EXAMPLES=OFF -DHVD_WERROR=ON > build-tsa.configure.log 2>&1 \
+  || { cat build-tsa.configure.log >&2; exit 1; }
+cmake --build build-tsa -j "$(nproc)" --target unit_tests
+build-tsa/tests/unit_tests --gtest_brief=1
+
+# 6. Fuzzing: the wire-format and configuration parsers, 60 s each (both at once), under
 #    ASan + UBSan. A longer hunt: scripts/fuzz.sh 3600.
 scripts/fuzz.sh 60
 

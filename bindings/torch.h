@@ -13,8 +13,10 @@
 //   opt.step();            // waits for the allreduces, then steps the wrapped optimizer
 //
 // Errors are thrown as hvd::torch::Error (a std::runtime_error) carrying the core's Status.
-// Tensors must be on the CPU (the NCCL backend is separate work); inputs that are not
-// contiguous are copied, in-place operations require contiguous tensors.
+// Tensors must be on the CPU: this library links the CPU LibTorch only (no c10::cuda streams
+// to order work with), so CUDA tensors are refused with an error that points to what takes
+// them (horovod_cpp.torch in Python, or the core API's TensorView with a device and stream).
+// Inputs that are not contiguous are copied; in-place operations require contiguous tensors.
 //
 // Threads: like the core, any thread may call these functions; a tensor must not be touched
 // while its operation is in flight.

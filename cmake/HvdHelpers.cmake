@@ -10,6 +10,25 @@ function(hvd_target_defaults target)
   endif()
 endfunction()
 
+# A target of the runtime's layer `layer` (base, ops, timeline, common), which may include its
+# own headers and those of the layers in ARGN, nothing else. Its include root is a folder of
+# the build tree holding one link per allowed layer (build/layers/<target>/<layer> ->
+# <source>/<layer>), instead of the source root that would expose every layer.
+function(hvd_layer target)
+  set(root "${CMAKE_CURRENT_BINARY_DIR}/layers/${target}")
+  file(REMOVE_RECURSE "${root}")
+  file(MAKE_DIRECTORY "${root}")
+  foreach(layer IN LISTS ARGN)
+    file(CREATE_LINK "${PROJECT_SOURCE_DIR}/${layer}" "${root}/${layer}" SYMBOLIC)
+  endforeach()
+  target_compile_features(${target} PUBLIC cxx_std_17)
+  target_include_directories(${target} PRIVATE "${root}")
+  target_compile_options(${target} PRIVATE -Wall -Wextra)
+  if(HVD_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+endfunction()
+
 # HVD_SANITIZE=address|undefined|thread|address,undefined: instrument everything we build.
 function(hvd_setup_sanitizers sanitizers)
   if(sanitizers STREQUAL "")

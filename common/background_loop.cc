@@ -1,6 +1,7 @@
 // horovod_cpp — Apache-2.0
 #include "common/background_loop.h"
 
+#include <algorithm>
 #include <cstring>
 
 #if defined(__linux__)
@@ -10,9 +11,8 @@
 
 #include "common/controller.h"
 #include "common/fusion_planner.h"
-#include "common/logging.h"
+#include "base/logging.h"
 #include "common/op_executor.h"
-#include "common/wire.h"
 
 namespace hvd {
 
@@ -22,23 +22,25 @@ BackgroundLoop::BackgroundLoop(TensorQueue* queue, ProcessSetTable* sets, Counte
 BackgroundLoop::~BackgroundLoop() { Stop(); }
 
 Status BackgroundLoop::Start(const Config& config, const InitOptions& options,
-                             std::unique_ptr<ops::Backend> backend) {
+                             ops::Backends backends) {
   config_ = config;
   options_ = options;
-  backend_ = std::move(backend);
+  backend_ = std::move(backends.host);
+  device_ = std::move(backends.device);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     init_done_ = false;
     init_status_ = Status::OK();
     end_reason_.clear();
   }
   thread_ = std::thread(&BackgroundLoop::ThreadMain, this);
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return init_done_; });
+  UniqueLock lock(mu_);
+  while (!init_done_) cv_.Wait(lock);
   Status status = init_status_;
-  lock.unlock();
+  lock.Unlock();
   if (!status.ok()) {
     thread_.join();
+    device_.reset();
     backend_.reset();
   }
   return status;
@@ -48,6 +50,7 @@ void BackgroundLoop::Stop() {
   if (!thread_.joinable()) return;
   queue_->RequestShutdown();
   thread_.join();
+  device_.reset();
   backend_.reset();
   timeline_.reset();
 }
@@ -69,12 +72,12 @@ void BackgroundLoop::StopTimeline() {
 }
 
 bool BackgroundLoop::running() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return running_;
 }
 
 std::string BackgroundLoop::end_reason() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return end_reason_;
 }
 
@@ -84,119 +87,56 @@ void BackgroundLoop::ThreadMain() {
   // Sleep precisely: the default 50 us timer slack would add that much to every backoff.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 #endif
-  Status status = backend_->Initialize();
-  if (status.ok()) {
-    topology_ = backend_->topology();
-    SetLogRank(topology_.rank);
-    sets_->Reset(topology_.size, topology_.rank);
-    status = SyncConfig();
+  Status status = Initialize();
+  if (!status.ok()) {
+    executor_.reset();
+    controller_.reset();
+    backend_->Finalize().IgnoreError();
   }
-  if (status.ok()) status = CreateStaticProcessSets();
-  if (status.ok() && topology_.rank == 0) {
-    timeline_ = std::make_unique<timeline::Timeline>();
-    if (!config_.timeline_path.empty() && config_.timeline_path != "DYNAMIC") {
-      Status started = StartTimeline(config_.timeline_path, config_.timeline_mark_cycles);
-      if (!started.ok()) {
-        HVD_LOG(WARNING) << "HOROVOD_TIMELINE: " << started.message()
-                         << "; continuing without a timeline";
-      }
-    }
-  }
-  if (!status.ok()) backend_->Finalize().IgnoreError();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     init_done_ = true;
     init_status_ = status;
     running_ = status.ok();
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (!status.ok()) return;
 
-  // CUDA tensors' backend (null without NCCL); its communicators are made on first use and
-  // destroyed before the host backend (which bootstrapped them) is finalised.
-  device_ = ops::CreateNcclCollectives(backend_.get());
   Status end = Loop();
   Finish(end);
+  executor_.reset();
+  controller_.reset();
+  // The device backend's communicators were bootstrapped over the host backend: they go first.
   device_.reset();
   Status fin = backend_->Finalize();
   if (!fin.ok())
     HVD_LOG(WARNING) << "finalizing the " << backend_->name() << " backend: " << fin.message();
 }
 
-// Rank 0's values of the knobs that must agree across ranks (they decide the size of the
-// negotiation bit vector and how tensors are grouped) are adopted everywhere.
-Status BackgroundLoop::SyncConfig() {
-  wire::Writer w;
-  w.I64(config_.fusion_threshold_bytes);
-  w.I64(config_.collective_chunk_bytes);
-  w.I64(config_.cache_capacity);
-  w.F64(config_.cycle_time_ms);
-  w.F64(config_.stall_check_time_seconds);
-  w.F64(config_.stall_shutdown_time_seconds);
-  w.F64(config_.deadlock_grace_seconds);
-  std::vector<uint8_t> bytes = w.bytes();
-  HVD_RETURN_IF_ERROR(backend_->BroadcastBytes(&bytes, 0));
-  wire::Reader rd(bytes.data(), bytes.size());
-  Config agreed = config_;
-  HVD_RETURN_IF_ERROR(rd.I64(&agreed.fusion_threshold_bytes, "fusion threshold"));
-  HVD_RETURN_IF_ERROR(rd.I64(&agreed.collective_chunk_bytes, "collective chunk size"));
-  HVD_RETURN_IF_ERROR(rd.I64(&agreed.cache_capacity, "cache capacity"));
-  HVD_RETURN_IF_ERROR(rd.F64(&agreed.cycle_time_ms, "cycle time"));
-  HVD_RETURN_IF_ERROR(rd.F64(&agreed.stall_check_time_seconds, "stall check time"));
-  HVD_RETURN_IF_ERROR(rd.F64(&agreed.stall_shutdown_time_seconds, "stall shutdown time"));
-  HVD_RETURN_IF_ERROR(rd.F64(&agreed.deadlock_grace_seconds, "deadlock grace"));
-  if (agreed.fusion_threshold_bytes != config_.fusion_threshold_bytes ||
-      agreed.collective_chunk_bytes != config_.collective_chunk_bytes ||
-      agreed.cache_capacity != config_.cache_capacity ||
-      agreed.cycle_time_ms != config_.cycle_time_ms) {
-    HVD_LOG(WARNING) << "this rank's HOROVOD_FUSION_THRESHOLD/HOROVOD_COLLECTIVE_CHUNK_BYTES/"
-                        "HOROVOD_CACHE_CAPACITY/HOROVOD_CYCLE_TIME differ from rank 0's; using "
-                        "rank 0's values ("
-                     << agreed.fusion_threshold_bytes << " bytes, " << agreed.collective_chunk_bytes
-                     << " bytes, " << agreed.cache_capacity << " entries, " << agreed.cycle_time_ms
-                     << " ms)";
-  }
-  config_ = agreed;
-  return Status::OK();
-}
-
-// Every rank must pass the same InitOptions::process_sets: rank 0's list is broadcast, each
-// rank compares, and one AND vote makes every rank fail together with the same message.
-Status BackgroundLoop::CreateStaticProcessSets() {
-  auto encode = [](const std::vector<std::vector<int>>& sets) {
-    wire::Writer w;
-    w.U32(static_cast<uint32_t>(sets.size()));
-    for (const auto& ranks : sets) w.I64Vec(std::vector<int64_t>(ranks.begin(), ranks.end()));
-    return w.bytes();
-  };
-  auto describe = [](const std::vector<std::vector<int>>& sets) {
-    std::string s = "[";
-    for (size_t i = 0; i < sets.size(); ++i) s += (i ? ", " : "") + RanksToString(sets[i]);
-    return s + "]";
-  };
-  const std::vector<uint8_t> mine = encode(options_.process_sets);
-  std::vector<uint8_t> root = mine;
-  HVD_RETURN_IF_ERROR(backend_->BroadcastBytes(&root, 0));
-  uint64_t same = root == mine ? 1 : 0;
-  HVD_RETURN_IF_ERROR(backend_->AllreduceBitsAnd(&same, 1));
-  if (!same) {
-    return Status::InvalidArgument(
-        "every rank must pass the same process sets to Init; this rank passed " +
-        describe(options_.process_sets) +
-        (root == mine ? " like rank 0, but another rank did not"
-                      : ", which differs from rank 0's"));
-  }
-  for (const std::vector<int>& ranks : options_.process_sets) {
-    HVD_ASSIGN_OR_RETURN(int32_t id, sets_->Add(ranks));
-    HVD_RETURN_IF_ERROR(backend_->AddProcessSet(id, ranks));
+Status BackgroundLoop::Initialize() {
+  HVD_RETURN_IF_ERROR(backend_->Initialize());
+  topology_ = backend_->topology();
+  SetLogRank(topology_.rank);
+  sets_->Reset(topology_.size, topology_.rank);
+  HVD_RETURN_IF_ERROR(config_.AgreeWithRank0(
+      [this](std::vector<uint8_t>* bytes) { return backend_->BroadcastBytes(bytes, 0); }));
+  if (topology_.rank == 0) timeline_ = std::make_unique<timeline::Timeline>();
+  controller_ = std::make_unique<Controller>(backend_.get(), config_, sets_, counters_,
+                                             timeline_.get());
+  executor_ = std::make_unique<OpExecutor>(backend_.get(), sets_, counters_, timeline_.get(),
+                                           config_.collective_chunk_bytes, device_.get());
+  HVD_RETURN_IF_ERROR(controller_->CreateStaticProcessSets(options_.process_sets));
+  if (timeline_ && !config_.timeline_path.empty() && config_.timeline_path != "DYNAMIC") {
+    Status started = StartTimeline(config_.timeline_path, config_.timeline_mark_cycles);
+    if (!started.ok()) {
+      HVD_LOG(WARNING) << "HOROVOD_TIMELINE: " << started.message()
+                       << "; continuing without a timeline";
+    }
   }
   return Status::OK();
 }
 
 Status BackgroundLoop::Loop() {
-  Controller controller(backend_.get(), config_, sets_, counters_, timeline_.get());
-  OpExecutor executor(backend_.get(), sets_, counters_, timeline_.get(),
-                      config_.collective_chunk_bytes, device_.get());
   const auto cycle_time = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
   size_t outstanding = 0;
@@ -212,7 +152,7 @@ Status BackgroundLoop::Loop() {
     std::vector<Request> fresh = queue_->PopNewRequests();
     outstanding += fresh.size();
     Result<CycleOutcome> outcome =
-        controller.RunCycle(std::move(fresh), queue_->shutdown_requested(), outstanding,
+        controller_->RunCycle(std::move(fresh), queue_->shutdown_requested(), outstanding,
                             queue_->Blocked(), [this] { return queue_->BlockedOn(); });
     if (!outcome.ok()) return outcome.status();
     if (!outcome->deadlocked.empty()) {  // identical on every rank: fail what can never run
@@ -227,7 +167,7 @@ Status BackgroundLoop::Loop() {
     const bool recording = timeline_ && timeline_->enabled();
     std::vector<std::vector<int32_t>> rows(recording ? groups.size() : 0);
     for (size_t i = 0; i < rows.size(); ++i) {
-      if (!Runs(groups[i])) continue;
+      if (!controller_->RunsHere(groups[i])) continue;
       for (const std::string& name : groups[i].tensor_names) {
         rows[i].push_back(timeline_->Row(TimelineRow(TensorKey{groups[i].process_set_id, name})));
       }
@@ -237,7 +177,7 @@ Status BackgroundLoop::Loop() {
     for (size_t i = 0; i < groups.size(); ++i) {
       const std::vector<int32_t>* group_rows = recording && !rows[i].empty() ? &rows[i] : nullptr;
       if (group_rows) timeline_->End(*group_rows);                     // QUEUE
-      Result<size_t> done = Execute(groups[i], executor, group_rows);  // closes <OP>
+      Result<size_t> done = Execute(groups[i], group_rows);  // closes <OP>
       if (!done.ok()) return done.status();
       outstanding -= *done;
     }
@@ -249,44 +189,29 @@ Status BackgroundLoop::Loop() {
   }
 }
 
-bool BackgroundLoop::Runs(const Response& group) const {
-  if (group.type == OpType::kProcessSetAdd || group.type == OpType::kProcessSetRemove) return true;
-  Result<ProcessSetInfo> set = sets_->Get(group.process_set_id);
-  // A removed set's entries were failed at removal; another set's operation is run by its
-  // members (error responses are delivered to whoever has the tensor).
-  return set.ok() && (set->included || group.type == OpType::kError);
-}
-
-Result<size_t> BackgroundLoop::Execute(const Response& group, OpExecutor& executor,
-                                       const std::vector<int32_t>* rows) {
-  const bool changes_sets =
-      group.type == OpType::kProcessSetAdd || group.type == OpType::kProcessSetRemove;
-  if (!Runs(group)) return size_t{0};
+Result<size_t> BackgroundLoop::Execute(const Response& group, const std::vector<int32_t>* rows) {
+  if (!controller_->RunsHere(group)) return size_t{0};
   std::vector<std::optional<TensorTableEntry>> taken =
       queue_->Take(group.process_set_id, group.tensor_names);
-  std::vector<TensorTableEntry> entries;
-  size_t mine = 0;
-  for (size_t i = 0; i < taken.size(); ++i) {
-    if (taken[i]) {
-      entries.push_back(std::move(*taken[i]));
-      ++mine;
-    } else if (group.type == OpType::kAllreduce) {
-      // This rank has joined: it contributes zeros of the agreed size.
-      TensorTableEntry zeros;
-      zeros.input = zeros.output = TensorView{nullptr, group.dtype, {group.tensor_sizes[i]}};
-      entries.push_back(std::move(zeros));
-    } else if (group.type != OpType::kError) {
-      return Status::Internal(std::string("rank has no entry for ") + OpTypeLowerName(group.type) +
-                              " '" + group.tensor_names[i] + "'");
-    }
-  }
+  const size_t mine = static_cast<size_t>(
+      std::count_if(taken.begin(), taken.end(), [](const auto& e) { return e.has_value(); }));
+  HVD_ASSIGN_OR_RETURN(std::vector<TensorTableEntry> entries,
+                       controller_->EntriesToRun(group, std::move(taken)));
   Status status;
   size_t failed_elsewhere = 0;
-  if (changes_sets) {
-    status =
-        ChangeProcessSets(group, entries.empty() ? nullptr : &entries.front(), &failed_elsewhere);
+  if (group.type == OpType::kProcessSetAdd || group.type == OpType::kProcessSetRemove) {
+    Result<int32_t> id = controller_->ChangeProcessSets(group);
+    status = id.status();
+    if (id.ok() && group.type == OpType::kProcessSetAdd) {
+      for (TensorTableEntry& e : entries) e.result->value = *id;
+    } else if (id.ok()) {  // removed: its device communicators and pending operations go too
+      if (device_) device_->RemoveProcessSet(*id);
+      failed_elsewhere = queue_->FailProcessSet(
+          *id, Status::Aborted("process set " + std::to_string(*id) +
+                               " was removed while this operation was pending"));
+    }
   } else if (!entries.empty()) {
-    status = executor.Execute(group, entries, rows);
+    status = executor_->Execute(group, entries, rows);
   } else {
     status = Status::FailedPrecondition(group.error_message);  // an error for other ranks only
   }
@@ -302,27 +227,6 @@ Result<size_t> BackgroundLoop::Execute(const Response& group, OpExecutor& execut
   }
   if (status.code() == StatusCode::kUnavailable) return status;  // the transport is gone
   return mine + failed_elsewhere;
-}
-
-// Agreed on every rank, in the same position of the same response list, so every rank's
-// table, communicators and ids stay identical.
-Status BackgroundLoop::ChangeProcessSets(const Response& group, TensorTableEntry* entry,
-                                         size_t* failed) {
-  if (group.type == OpType::kProcessSetAdd) {
-    const std::vector<int> ranks(group.rank_sizes.begin(), group.rank_sizes.end());
-    HVD_ASSIGN_OR_RETURN(int32_t id, sets_->Add(ranks));
-    HVD_RETURN_IF_ERROR(backend_->AddProcessSet(id, ranks));
-    if (entry) entry->result->value = id;
-    return Status::OK();
-  }
-  const int32_t id = static_cast<int32_t>(group.rank_sizes.front());
-  HVD_RETURN_IF_ERROR(sets_->Remove(id));
-  HVD_RETURN_IF_ERROR(backend_->RemoveProcessSet(id));
-  if (device_) device_->RemoveProcessSet(id);
-  *failed =
-      queue_->FailProcessSet(id, Status::Aborted("process set " + std::to_string(id) +
-                                                 " was removed while this operation was pending"));
-  return Status::OK();
 }
 
 void BackgroundLoop::Finish(const Status& why) {
@@ -343,7 +247,7 @@ void BackgroundLoop::Finish(const Status& why) {
     pending = Status(why.code(), "horovod_cpp stopped after an error: " + reason);
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     running_ = false;
     end_reason_ = reason;
   }

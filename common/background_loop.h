@@ -27,23 +27,23 @@
 // ABORTED. A transport error also ends the loop (with that error on every pending entry).
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "base/mutex.h"
 #include "common/config.h"
 #include "common/counters.h"
 #include "common/horovod.h"
 #include "common/process_set.h"
 #include "common/tensor_queue.h"
-#include "common/thread_annotations.h"
-#include "ops/backend.h"
-#include "ops/device.h"
+#include "ops/factory.h"
 #include "timeline/timeline.h"
 
 namespace hvd {
+
+class Controller;
+class OpExecutor;
 
 class BackgroundLoop {
  public:
@@ -56,11 +56,11 @@ class BackgroundLoop {
   BackgroundLoop(const BackgroundLoop&) = delete;
   BackgroundLoop& operator=(const BackgroundLoop&) = delete;
 
-  // Starts the thread, which initialises `backend`, agrees on the configuration with the
-  // other ranks (rank 0's values win) and creates the process sets of `options` (every rank
-  // must pass the same). Blocks until that is done; returns its status.
-  Status Start(const Config& config, const InitOptions& options,
-               std::unique_ptr<ops::Backend> backend);
+  // Starts the thread, which initialises the host backend, agrees on the configuration with
+  // the other ranks (rank 0's values win) and creates the process sets of `options` (every
+  // rank must pass the same). Blocks until that is done; returns its status. `backends` come
+  // from ops::CreateBackends (tests pass their own).
+  Status Start(const Config& config, const InitOptions& options, ops::Backends backends);
   // Requests a negotiated shutdown, joins the thread and finalises the backend.
   void Stop();
   // The loop is running (started, and not ended by a shutdown or an error).
@@ -77,15 +77,11 @@ class BackgroundLoop {
 
  private:
   void ThreadMain();
-  Status SyncConfig();
-  Status CreateStaticProcessSets();
+  // Initialises the backend and the protocol state, on the background thread.
+  Status Initialize();
   Status Loop();
   // Runs one agreed group; returns how many of this rank's entries it completed.
-  Result<size_t> Execute(const Response& group, class OpExecutor& executor,
-                         const std::vector<int32_t>* rows);
-  // Whether this rank takes part in `group` (member of its set, set still there).
-  bool Runs(const Response& group) const;
-  Status ChangeProcessSets(const Response& group, TensorTableEntry* entry, size_t* failed);
+  Result<size_t> Execute(const Response& group, const std::vector<int32_t>* rows);
   void Finish(const Status& why);
 
   TensorQueue* queue_;
@@ -94,13 +90,16 @@ class BackgroundLoop {
   Config config_;
   InitOptions options_;
   std::unique_ptr<ops::Backend> backend_;
-  std::unique_ptr<ops::DeviceCollectives> device_;  // CUDA tensors; null without NCCL
+  std::unique_ptr<ops::DeviceCollectives> device_;  // CUDA tensors; null without one
   ops::Topology topology_;
   std::unique_ptr<timeline::Timeline> timeline_;  // global rank 0 only
+  // Made on the background thread once the backend is up; used by it only.
+  std::unique_ptr<Controller> controller_;
+  std::unique_ptr<OpExecutor> executor_;
   std::thread thread_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable Mutex mu_;
+  CondVar cv_;
   bool init_done_ HVD_GUARDED_BY(mu_) = false;
   Status init_status_ HVD_GUARDED_BY(mu_);
   bool running_ HVD_GUARDED_BY(mu_) = false;

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "common/wire.h"
+
 namespace hvd {
 namespace {
 
@@ -77,85 +79,187 @@ Result<LogLevel> ParseLogLevel(const char* name, const std::string& raw) {
   return BadValue(name, raw, "one of trace, debug, info, warning, error, fatal");
 }
 
-constexpr int64_t kMaxFusionBytes = int64_t{1} << 40;    // 1 TiB: beyond any real buffer
-constexpr int64_t kMaxCacheCapacity = int64_t{1} << 20;  // bit vector stays <= 128 KiB
-constexpr double kMaxCycleTimeMs = 60'000.0;
-constexpr double kMaxStallSeconds = 86'400.0;
-
-// A knob: its documentation row plus how to apply a value to a Config.
-struct Knob {
-  KnobSpec spec;
-  Status (*apply)(const char* name, const std::string& value, Config* config);
-};
-
-#define HVD_ASSIGN_FIELD(field, parse_expr)                             \
-  [](const char* name, const std::string& value, Config* c) -> Status { \
-    auto parsed = (parse_expr);                                         \
-    if (!parsed.ok()) return parsed.status();                           \
-    c->field = *parsed;                                                 \
-    return Status::OK();                                                \
+const char* KindName(KnobKind kind) {
+  switch (kind) {
+    case KnobKind::kBytes:
+      return "bytes";
+    case KnobKind::kInteger:
+      return "integer";
+    case KnobKind::kMilliseconds:
+      return "milliseconds";
+    case KnobKind::kSeconds:
+      return "seconds";
+    case KnobKind::kBool:
+      return "bool";
+    case KnobKind::kLogLevel:
+      return "level";
+    case KnobKind::kPath:
+      return "path";
   }
-
-const std::vector<Knob>& Knobs() {
-  static const std::vector<Knob> knobs = {
-      {{"HOROVOD_FUSION_THRESHOLD", "bytes", "134217728 (128 MiB)", "0 .. 2^40; 0 = no fusion",
-        "Largest fused buffer. Tensors that agree on op, dtype, device and scaling are packed "
-        "into one collective up to this size."},
-       HVD_ASSIGN_FIELD(fusion_threshold_bytes,
-                        ParseInt(name, value, 0, kMaxFusionBytes, "bytes"))},
-      {{"HOROVOD_COLLECTIVE_CHUNK_BYTES", "bytes", "1048576 (1 MiB)", "0 .. 2^40; 0 = one call",
-        "Largest single collective call on a host buffer. Bigger tensors and fused buffers are "
-        "reduced chunk by chunk (copy in, reduce, copy out while in cache); tensors at least "
-        "this big skip the fusion buffer."},
-       HVD_ASSIGN_FIELD(collective_chunk_bytes,
-                        ParseInt(name, value, 0, kMaxFusionBytes, "bytes"))},
-      {{"HOROVOD_CYCLE_TIME", "milliseconds", "1", "0 .. 60000, fractional allowed",
-        "Longest wait between negotiation cycles while work is outstanding. Enqueueing work "
-        "wakes the background thread at once."},
-       HVD_ASSIGN_FIELD(cycle_time_ms,
-                        ParseDouble(name, value, 0.0, kMaxCycleTimeMs, "milliseconds"))},
-      {{"HOROVOD_CACHE_CAPACITY", "integer", "1024", "0 .. 1048576; 0 = cache off",
-        "Response-cache entries. Cached tensors are negotiated by one small bit-vector "
-        "allreduce per cycle instead of a gather to rank 0."},
-       HVD_ASSIGN_FIELD(cache_capacity, ParseInt(name, value, 0, kMaxCacheCapacity, "entries"))},
-      {{"HOROVOD_LOG_LEVEL", "level", "warning", "trace, debug, info, warning, error, fatal",
-        "Least severe message printed to stderr."},
-       HVD_ASSIGN_FIELD(log_level, ParseLogLevel(name, value))},
-      {{"HOROVOD_STALL_CHECK_TIME_SECONDS", "seconds", "60", "0 .. 86400; 0 = no check",
-        "A tensor submitted by some ranks but not all for this long is reported with the "
-        "missing ranks."},
-       HVD_ASSIGN_FIELD(stall_check_time_seconds,
-                        ParseDouble(name, value, 0.0, kMaxStallSeconds, "seconds"))},
-      {{"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "seconds", "0", "0 .. 86400; 0 = never",
-        "A stall this long shuts the job down; pending operations fail with the reason."},
-       HVD_ASSIGN_FIELD(stall_shutdown_time_seconds,
-                        ParseDouble(name, value, 0.0, kMaxStallSeconds, "seconds"))},
-      {{"HOROVOD_DEADLOCK_GRACE_SECONDS", "seconds", "5", "0 .. 86400; 0 = no detection",
-        "Every rank blocked waiting on operations, and nothing submitted or completed "
-        "anywhere, for this long is a deadlock: the waits fail on every rank, naming what "
-        "each rank waits for."},
-       HVD_ASSIGN_FIELD(deadlock_grace_seconds,
-                        ParseDouble(name, value, 0.0, kMaxStallSeconds, "seconds"))},
-      {{"HOROVOD_TIMELINE", "path", "(unset)", "a file path, or DYNAMIC",
-        "Chrome-tracing timeline written by rank 0; DYNAMIC starts it later through the API."},
-       [](const char*, const std::string& value, Config* c) -> Status {
-         c->timeline_path = value;
-         return Status::OK();
-       }},
-      {{"HOROVOD_TIMELINE_MARK_CYCLES", "bool", "0", "0 or 1",
-        "Add a CYCLE_START marker to the timeline for every negotiation cycle."},
-       HVD_ASSIGN_FIELD(timeline_mark_cycles, ParseBool(name, value))},
-      {{"HOROVOD_DYNAMIC_PROCESS_SETS", "bool", "0", "0 or 1",
-        "Allow process sets to be added and removed after Init (by all ranks together)."},
-       HVD_ASSIGN_FIELD(dynamic_process_sets, ParseBool(name, value))},
-      {{"HOROVOD_STALL_CHECK_DISABLE", "bool", "0", "0 or 1",
-        "Turn the stall inspector off: no stall warnings and no stall shutdown."},
-       HVD_ASSIGN_FIELD(stall_check_disabled, ParseBool(name, value))},
-  };
-  return knobs;
+  return "?";
 }
 
-#undef HVD_ASSIGN_FIELD
+// ---- per kind: parse, encode for the agreement, and show ------------------------------------
+
+template <KnobKind K>
+Result<KnobValue<K>> Parse(const KnobSpec& s, const std::string& raw) {
+  if constexpr (K == KnobKind::kBytes) {
+    return ParseInt(s.name, raw, static_cast<int64_t>(s.min), static_cast<int64_t>(s.max),
+                    "bytes");
+  } else if constexpr (K == KnobKind::kInteger) {
+    return ParseInt(s.name, raw, static_cast<int64_t>(s.min), static_cast<int64_t>(s.max),
+                    "entries");
+  } else if constexpr (K == KnobKind::kMilliseconds || K == KnobKind::kSeconds) {
+    return ParseDouble(s.name, raw, s.min, s.max, KindName(K));
+  } else if constexpr (K == KnobKind::kBool) {
+    return ParseBool(s.name, raw);
+  } else if constexpr (K == KnobKind::kLogLevel) {
+    return ParseLogLevel(s.name, raw);
+  } else {
+    return raw;
+  }
+}
+
+template <KnobKind K>
+void Put(wire::Writer* w, const KnobValue<K>& v) {
+  if constexpr (std::is_same_v<KnobValue<K>, int64_t>) {
+    w->I64(v);
+  } else if constexpr (std::is_same_v<KnobValue<K>, double>) {
+    w->F64(v);
+  } else if constexpr (std::is_same_v<KnobValue<K>, bool>) {
+    w->U8(v ? 1 : 0);
+  } else if constexpr (std::is_same_v<KnobValue<K>, LogLevel>) {
+    w->I32(static_cast<int32_t>(v));
+  } else {
+    w->Str(v);
+  }
+}
+
+template <KnobKind K>
+Status Get(wire::Reader* r, KnobValue<K>* v, const char* what) {
+  if constexpr (std::is_same_v<KnobValue<K>, int64_t>) {
+    return r->I64(v, what);
+  } else if constexpr (std::is_same_v<KnobValue<K>, double>) {
+    return r->F64(v, what);
+  } else if constexpr (std::is_same_v<KnobValue<K>, bool>) {
+    uint8_t b = 0;
+    HVD_RETURN_IF_ERROR(r->U8(&b, what));
+    *v = b != 0;
+    return Status::OK();
+  } else if constexpr (std::is_same_v<KnobValue<K>, LogLevel>) {
+    int32_t level = 0;
+    HVD_RETURN_IF_ERROR(r->I32(&level, what));
+    *v = static_cast<LogLevel>(level);
+    return Status::OK();
+  } else {
+    return r->Str(v, 4096, what);
+  }
+}
+
+std::string ShowNumber(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return std::to_string(static_cast<int64_t>(v));
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+template <KnobKind K>
+std::string Show(const KnobValue<K>& v) {
+  if constexpr (K == KnobKind::kBytes) {
+    std::string text = std::to_string(v);
+    if (v >= (int64_t{1} << 20) && v % (int64_t{1} << 20) == 0) {
+      text += " (" + std::to_string(v >> 20) + " MiB)";
+    }
+    return text;
+  } else if constexpr (K == KnobKind::kInteger) {
+    return std::to_string(v);
+  } else if constexpr (std::is_same_v<KnobValue<K>, double>) {
+    return ShowNumber(v);
+  } else if constexpr (K == KnobKind::kBool) {
+    return v ? "1" : "0";
+  } else if constexpr (K == KnobKind::kLogLevel) {
+    return Lower(LogLevelName(v));
+  } else {
+    return v.empty() ? "unset" : v;
+  }
+}
+
+// A bound as people read it: powers of two from 2^20 on as 2^N.
+std::string ShowBound(KnobKind kind, double v) {
+  if (kind == KnobKind::kBytes && v >= (1 << 20)) {
+    const int exp = static_cast<int>(std::log2(v));
+    if (std::ldexp(1.0, exp) == v) return "2^" + std::to_string(exp);
+  }
+  return ShowNumber(v);
+}
+
+std::string RangeText(KnobKind kind, double lo, double hi, const char* note) {
+  switch (kind) {
+    case KnobKind::kBool:
+      return "1, 0, true, false, yes, no, on, off";
+    case KnobKind::kLogLevel:
+      return "trace, debug, info, warning (warn), error, fatal";
+    case KnobKind::kPath:
+      return *note ? std::string("a file path, or `") + note + "`" : "a file path";
+    default:
+      break;
+  }
+  std::string text = ShowBound(kind, lo) + " .. " + ShowBound(kind, hi);
+  if (kind == KnobKind::kMilliseconds || kind == KnobKind::kSeconds) text += ", fractional";
+  if (*note) text += std::string("; 0 = ") + note;
+  return text;
+}
+
+// ---- the table, from common/knobs.def --------------------------------------------------------
+
+// What the runtime does with one knob's field.
+template <KnobKind K, KnobValue<K> Config::*Field>
+struct FieldOps {
+  static Status Apply(const KnobSpec& s, const std::string& raw, Config* c) {
+    Result<KnobValue<K>> parsed = Parse<K>(s, raw);
+    if (!parsed.ok()) return parsed.status();
+    c->*Field = std::move(*parsed);
+    return Status::OK();
+  }
+  static void Put(const Config& c, wire::Writer* w) { hvd::Put<K>(w, c.*Field); }
+  static Status Get(wire::Reader* r, Config* c, const char* what) {
+    return hvd::Get<K>(r, &(c->*Field), what);
+  }
+  static bool Same(const Config& a, const Config& b) { return a.*Field == b.*Field; }
+  static std::string Show(const Config& c) { return hvd::Show<K>(c.*Field); }
+};
+
+struct Knob {
+  KnobSpec spec;
+  Status (*apply)(const KnobSpec&, const std::string&, Config*);
+  void (*put)(const Config&, wire::Writer*);
+  Status (*get)(wire::Reader*, Config*, const char*);
+  bool (*same)(const Config&, const Config&);
+  std::string (*show)(const Config&);
+};
+
+const std::vector<Knob>& Knobs() {
+  static const std::vector<Knob> knobs = [] {
+    const Config defaults;
+    std::vector<Knob> table;
+#define HVD_KNOB(field, kind, name, default_value, lo, hi, agree, flag, flag_alias, scale,     \
+                 note, help)                                                                   \
+  {                                                                                            \
+    using Ops = FieldOps<KnobKind::k##kind, &Config::field>;                                   \
+    table.push_back({KnobSpec{name, KnobKind::k##kind, KindName(KnobKind::k##kind),            \
+                              Ops::Show(defaults),                                             \
+                              RangeText(KnobKind::k##kind, static_cast<double>(lo),            \
+                                        static_cast<double>(hi), note),                        \
+                              static_cast<double>(lo), static_cast<double>(hi), agree, flag,   \
+                              flag_alias, scale, note, help},                                  \
+                     &Ops::Apply, &Ops::Put, &Ops::Get, &Ops::Same, &Ops::Show});              \
+  }
+#include "common/knobs.def"
+#undef HVD_KNOB
+    return table;
+  }();
+  return knobs;
+}
 
 }  // namespace
 
@@ -172,7 +276,7 @@ Result<Config> Config::FromEnv(const EnvLookup& getenv) {
   for (const Knob& knob : Knobs()) {
     std::optional<std::string> value = lookup(knob.spec.name);
     if (!value || value->empty()) continue;
-    HVD_RETURN_IF_ERROR(knob.apply(knob.spec.name, *value, &config));
+    HVD_RETURN_IF_ERROR(knob.apply(knob.spec, *value, &config));
   }
   if (config.stall_check_disabled) {
     config.stall_check_time_seconds = 0;
@@ -189,6 +293,56 @@ Result<Config> Config::FromEnv(const EnvLookup& getenv) {
     config.stall_shutdown_time_seconds = 0;
   }
   return config;
+}
+
+Status Config::AgreeWithRank0(const std::function<Status(std::vector<uint8_t>*)>& broadcast) {
+  wire::Writer w;
+  for (const Knob& knob : Knobs()) {
+    if (knob.spec.agree) knob.put(*this, &w);
+  }
+  std::vector<uint8_t> bytes = w.bytes();
+  HVD_RETURN_IF_ERROR(broadcast(&bytes));
+  wire::Reader r(bytes.data(), bytes.size());
+  Config agreed = *this;
+  std::string differed;
+  for (const Knob& knob : Knobs()) {
+    if (!knob.spec.agree) continue;
+    HVD_RETURN_IF_ERROR(knob.get(&r, &agreed, knob.spec.name));
+    if (!knob.same(agreed, *this)) {
+      differed += std::string(differed.empty() ? "" : ", ") + knob.spec.name + "=" +
+                  knob.show(*this) + " (rank 0: " + knob.show(agreed) + ")";
+    }
+  }
+  if (!differed.empty()) {
+    HVD_LOG(WARNING) << "this rank's settings differ from rank 0's, which every rank uses: "
+                     << differed;
+  }
+  agreed.warnings = warnings;
+  *this = std::move(agreed);
+  return Status::OK();
+}
+
+const std::vector<KnobSpec>& KnobTable() {
+  static const std::vector<KnobSpec> specs = [] {
+    std::vector<KnobSpec> out;
+    for (const Knob& knob : Knobs()) out.push_back(knob.spec);
+    return out;
+  }();
+  return specs;
+}
+
+std::string KnobsMarkdown() {
+  std::ostringstream out;
+  out << "| variable | type | default | accepted | all ranks use rank 0's | hvdrun flag | meaning |\n"
+      << "|---|---|---|---|---|---|---|\n";
+  for (const KnobSpec& s : KnobTable()) {
+    std::string flag = *s.flag ? std::string("`") + s.flag + "`" : "";
+    if (*s.flag_alias) flag += std::string(" (`") + s.flag_alias + "`)";
+    if (*s.flag && s.flag_scale == (int64_t{1} << 20)) flag += ", in MiB";
+    out << "| `" << s.name << "` | " << s.type << " | " << s.default_value << " | " << s.range
+        << " | " << (s.agree ? "yes" : "") << " | " << flag << " | " << s.help << " |\n";
+  }
+  return out.str();
 }
 
 namespace {
@@ -304,40 +458,6 @@ std::vector<std::string> UnknownSettingWarnings(const std::vector<std::string>& 
                                 : "; did you mean " + best + "?"));
   }
   return out;
-}
-
-std::vector<KnobSpec> KnobTable() {
-  std::vector<KnobSpec> specs;
-  for (const Knob& knob : Knobs()) specs.push_back(knob.spec);
-  return specs;
-}
-
-std::string DescribeKnobs() {
-  std::ostringstream out;
-  for (const Knob& knob : Knobs()) {
-    const KnobSpec& s = knob.spec;
-    out << s.name << "  (" << s.type << ", default " << s.default_value << "; " << s.range
-        << ")\n    " << s.help << "\n";
-  }
-  return out.str();
-}
-
-const char* LogLevelName(LogLevel level) {
-  switch (level) {
-    case LogLevel::kTrace:
-      return "TRACE";
-    case LogLevel::kDebug:
-      return "DEBUG";
-    case LogLevel::kInfo:
-      return "INFO";
-    case LogLevel::kWarning:
-      return "WARNING";
-    case LogLevel::kError:
-      return "ERROR";
-    case LogLevel::kFatal:
-      return "FATAL";
-  }
-  return "?";
 }
 
 }  // namespace hvd

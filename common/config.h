@@ -1,9 +1,9 @@
 // horovod_cpp — Apache-2.0
 #pragma once
-// Runtime configuration: every HOROVOD_* knob the core reads, declared once in a table
-// (config.cc) with its type, default, range and help text. Config::FromEnv() parses the
-// environment once at Init and fails with a message naming the variable and the value; a
-// malformed value is never silently replaced by 0 or the default.
+// Runtime configuration: every HOROVOD_* knob the core reads, declared once in
+// common/knobs.def with its type, default, range, agreement, hvdrun flag and help text.
+// Config::FromEnv() parses the environment once at Init and fails with a message naming the
+// variable and the value; a malformed value is never silently replaced by 0 or the default.
 //
 // Thread: parsed on the caller of Init; afterwards the Config is owned (read-only) by the
 // runtime.
@@ -12,65 +12,74 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
-#include "common/status.h"
+#include "base/logging.h"
+#include "base/status.h"
 
 namespace hvd {
 
-enum class LogLevel : int { kTrace = 0, kDebug, kInfo, kWarning, kError, kFatal };
+enum class KnobKind { kBytes, kInteger, kMilliseconds, kSeconds, kBool, kLogLevel, kPath };
+enum KnobAgreement : bool { kLocal = false, kAgree = true };
+
+// The C++ type of a knob of kind K.
+template <KnobKind K>
+struct KnobTraits {
+  using type = std::conditional_t<
+      K == KnobKind::kBytes || K == KnobKind::kInteger, int64_t,
+      std::conditional_t<
+          K == KnobKind::kMilliseconds || K == KnobKind::kSeconds, double,
+          std::conditional_t<K == KnobKind::kBool, bool,
+                             std::conditional_t<K == KnobKind::kLogLevel, LogLevel,
+                                                std::string>>>>;
+};
+template <KnobKind K>
+using KnobValue = typename KnobTraits<K>::type;
 
 struct Config {
-  // Largest fused buffer, in bytes. 0 disables fusion (every tensor is reduced on its own).
-  int64_t fusion_threshold_bytes = int64_t{128} << 20;
-  // Largest single collective call on a host buffer, in bytes: a bigger tensor or fused buffer
-  // is reduced in chunks of this size, each copied in, reduced and copied out while it is
-  // still in cache (one huge MPI call is much slower here, see docs/design.md). Tensors at
-  // least this big are reduced in place instead of through the fusion buffer. 0: one call.
-  int64_t collective_chunk_bytes = int64_t{1} << 20;
-  // Longest the background thread waits between negotiation cycles while work is outstanding,
-  // in milliseconds. It wakes at once when work is enqueued, so this bounds latency only for
-  // ranks that have nothing new to say.
-  double cycle_time_ms = 1.0;
-  // Entries in the response cache; 0 disables the bit-vector fast path.
-  int64_t cache_capacity = 1024;
-  LogLevel log_level = LogLevel::kWarning;
-  // Seconds a tensor may wait for the remaining ranks before a stall warning; 0 disables.
-  double stall_check_time_seconds = 60.0;
-  // Seconds after which a stall shuts the job down; 0 never shuts down.
-  double stall_shutdown_time_seconds = 0.0;
-  // Seconds every rank may stay blocked in a wait with nothing able to complete before the
-  // waits fail as a deadlock; 0 disables the detection.
-  double deadlock_grace_seconds = 5.0;
-  // Timeline output path ("" = off, "DYNAMIC" = started later through the API).
-  std::string timeline_path;
-  bool timeline_mark_cycles = false;
-  // Allow AddProcessSet/RemoveProcessSet after Init.
-  bool dynamic_process_sets = false;
-  // HOROVOD_STALL_CHECK_DISABLE: no stall warnings and no stall shutdown (FromEnv then sets
-  // both stall times to 0).
-  bool stall_check_disabled = false;
+  // One field per knob of common/knobs.def, with its declared default.
+#define HVD_KNOB(field, kind, name, default_value, ...) \
+  KnobValue<KnobKind::k##kind> field = default_value;
+#include "common/knobs.def"
+#undef HVD_KNOB
 
   // Non-fatal remarks found while parsing (logged by Init).
   std::vector<std::string> warnings;
 
   // Reads the knobs through `getenv` (defaults to std::getenv). Unset or empty variables keep
-  // their defaults.
+  // their defaults. HOROVOD_STALL_CHECK_DISABLE sets both stall times to 0.
   using EnvLookup = std::function<std::optional<std::string>(const char* name)>;
   static Result<Config> FromEnv(const EnvLookup& getenv = nullptr);
+
+  // Every rank adopts rank 0's values of the knobs declared kAgree (the negotiation protocol
+  // needs them equal: they decide the size of the vote's bit vector, how tensors are grouped
+  // and when every rank gives up). `broadcast` replaces its argument, on every rank, with rank
+  // 0's bytes. A rank whose values differed logs a warning naming each knob.
+  Status AgreeWithRank0(const std::function<Status(std::vector<uint8_t>*)>& broadcast);
 };
 
-// One row of the knob table.
+// One knob of common/knobs.def, described for people (docs, --help) and for hvdrun.
 struct KnobSpec {
-  const char* name;           // "HOROVOD_FUSION_THRESHOLD"
+  const char* name;  // "HOROVOD_FUSION_THRESHOLD"
+  KnobKind kind;
   const char* type;           // "bytes", "milliseconds", "integer", "seconds", "bool", ...
-  const char* default_value;  // as a user would write it
-  const char* range;          // human-readable accepted values
+  std::string default_value;  // as a user would write it
+  std::string range;          // the accepted values, in words
+  double min, max;            // numeric kinds
+  bool agree;                 // every rank uses rank 0's value
+  const char* flag;           // hvdrun's flag, "" for none
+  const char* flag_alias;     // another name for it, "" for none
+  int64_t flag_scale;         // flag value x flag_scale = variable value
+  const char* note;           // what 0 means; for Path, the keyword accepted instead
   const char* help;
 };
 
-// Every knob Config::FromEnv reads, in table order.
-std::vector<KnobSpec> KnobTable();
+// Every knob, in declaration order.
+const std::vector<KnobSpec>& KnobTable();
+
+// docs/config.md's table of knobs (markdown), generated from KnobTable().
+std::string KnobsMarkdown();
 
 // One warning for each HOROVOD_* name in `env_names` that horovod_cpp does not read: a likely
 // typo of a setting ("did you mean ...?"), a Horovod setting horovod_cpp does not implement
@@ -78,9 +87,6 @@ std::vector<KnobSpec> KnobTable();
 // unknown name. Names of other prefixes are ignored. Logged by Init on rank 0.
 std::vector<std::string> UnknownSettingWarnings(const std::vector<std::string>& env_names);
 
-// The knob table as aligned text (used by --help texts and docs/config.md).
-std::string DescribeKnobs();
 
-const char* LogLevelName(LogLevel level);
 
 }  // namespace hvd

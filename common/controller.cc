@@ -4,8 +4,9 @@
 #include <algorithm>
 #include <sstream>
 
-#include "common/logging.h"
+#include "base/logging.h"
 #include "common/names.h"
+#include "common/wire.h"
 
 namespace hvd {
 namespace {
@@ -45,7 +46,7 @@ Request Placeholder(const Response& r) {
 
 }  // namespace
 
-Controller::Controller(ops::Backend* backend, const Config& config, const ProcessSetTable* sets,
+Controller::Controller(ops::Backend* backend, const Config& config, ProcessSetTable* sets,
                        Counters* counters, timeline::Timeline* timeline)
     : backend_(backend),
       sets_(sets),
@@ -380,6 +381,77 @@ void Controller::Absorb(const Response& resp, bool any_joined) {
   for (const std::string& name : resp.tensor_names) {
     sent_.erase(TensorKey{resp.process_set_id, name});
   }
+}
+
+bool Controller::RunsHere(const Response& group) const {
+  if (group.type == OpType::kProcessSetAdd || group.type == OpType::kProcessSetRemove) return true;
+  Result<ProcessSetInfo> set = sets_->Get(group.process_set_id);
+  // A removed set's entries were failed at removal; another set's operation is run by its
+  // members (error responses are delivered to whoever has the tensor).
+  return set.ok() && (set->included || group.type == OpType::kError);
+}
+
+Result<std::vector<TensorTableEntry>> Controller::EntriesToRun(
+    const Response& group, std::vector<std::optional<TensorTableEntry>> taken) const {
+  std::vector<TensorTableEntry> entries;
+  for (size_t i = 0; i < taken.size(); ++i) {
+    if (taken[i]) {
+      entries.push_back(std::move(*taken[i]));
+    } else if (group.type == OpType::kAllreduce) {
+      // This rank has joined: it contributes zeros of the agreed size.
+      TensorTableEntry zeros;
+      zeros.input = zeros.output = TensorView{nullptr, group.dtype, {group.tensor_sizes[i]}};
+      entries.push_back(std::move(zeros));
+    } else if (group.type != OpType::kError) {
+      return Status::Internal(std::string("rank has no entry for ") + OpTypeLowerName(group.type) +
+                              " '" + group.tensor_names[i] + "'");
+    }
+  }
+  return entries;
+}
+
+Status Controller::CreateStaticProcessSets(const std::vector<std::vector<int>>& sets) {
+  auto encode = [](const std::vector<std::vector<int>>& list) {
+    wire::Writer w;
+    w.U32(static_cast<uint32_t>(list.size()));
+    for (const auto& ranks : list) w.I64Vec(std::vector<int64_t>(ranks.begin(), ranks.end()));
+    return w.bytes();
+  };
+  auto describe = [](const std::vector<std::vector<int>>& list) {
+    std::string s = "[";
+    for (size_t i = 0; i < list.size(); ++i) s += (i ? ", " : "") + RanksToString(list[i]);
+    return s + "]";
+  };
+  const std::vector<uint8_t> mine = encode(sets);
+  std::vector<uint8_t> root = mine;
+  HVD_RETURN_IF_ERROR(backend_->BroadcastBytes(&root, 0));
+  uint64_t same = root == mine ? 1 : 0;
+  HVD_RETURN_IF_ERROR(backend_->AllreduceBitsAnd(&same, 1));
+  if (!same) {
+    return Status::InvalidArgument(
+        "every rank must pass the same process sets to Init; this rank passed " +
+        describe(sets) +
+        (root == mine ? " like rank 0, but another rank did not"
+                      : ", which differs from rank 0's"));
+  }
+  for (const std::vector<int>& ranks : sets) {
+    HVD_ASSIGN_OR_RETURN(int32_t id, sets_->Add(ranks));
+    HVD_RETURN_IF_ERROR(backend_->AddProcessSet(id, ranks));
+  }
+  return Status::OK();
+}
+
+Result<int32_t> Controller::ChangeProcessSets(const Response& group) {
+  if (group.type == OpType::kProcessSetAdd) {
+    const std::vector<int> ranks(group.rank_sizes.begin(), group.rank_sizes.end());
+    HVD_ASSIGN_OR_RETURN(int32_t id, sets_->Add(ranks));
+    HVD_RETURN_IF_ERROR(backend_->AddProcessSet(id, ranks));
+    return id;
+  }
+  const int32_t id = static_cast<int32_t>(group.rank_sizes.front());
+  HVD_RETURN_IF_ERROR(sets_->Remove(id));
+  HVD_RETURN_IF_ERROR(backend_->RemoveProcessSet(id));
+  return id;
 }
 
 }  // namespace hvd

@@ -46,6 +46,7 @@
 #include "common/process_set.h"
 #include "common/response_cache.h"
 #include "common/stall_inspector.h"
+#include "common/tensor_queue.h"
 #include "ops/backend.h"
 #include "timeline/timeline.h"
 
@@ -75,7 +76,7 @@ class Controller {
   using Clock = std::chrono::steady_clock;
 
   // `timeline` is null except on the rank that records one (global rank 0).
-  Controller(ops::Backend* backend, const Config& config, const ProcessSetTable* sets,
+  Controller(ops::Backend* backend, const Config& config, ProcessSetTable* sets,
              Counters* counters, timeline::Timeline* timeline);
   Controller(const Controller&) = delete;
   Controller& operator=(const Controller&) = delete;
@@ -89,6 +90,24 @@ class Controller {
   Result<CycleOutcome> RunCycle(std::vector<Request> new_requests, bool shutdown_requested,
                                 size_t outstanding, bool blocked = false,
                                 const BlockedOnFn& blocked_on = nullptr);
+
+  // ---- what the agreed responses mean for this rank ----
+  // Whether this rank takes part in `group`: a member of its set (and the set still there),
+  // an error to deliver, or a process-set change (every rank applies those).
+  bool RunsHere(const Response& group) const;
+  // The entries this rank runs for `group`, given what it had queued (`taken`, in
+  // tensor_names order): its own, plus for an allreduce a zero stand-in (null data, the
+  // agreed size) for each tensor it did not submit because it has joined.
+  Result<std::vector<TensorTableEntry>> EntriesToRun(
+      const Response& group, std::vector<std::optional<TensorTableEntry>> taken) const;
+
+  // ---- process sets: identical on every rank, in the same order ----
+  // The sets passed to Init. Every rank must pass the same list: rank 0's is broadcast, each
+  // rank compares, and one AND vote makes every rank fail together with the same message.
+  Status CreateStaticProcessSets(const std::vector<std::vector<int>>& sets);
+  // Applies an agreed kProcessSetAdd or kProcessSetRemove to the table and the host backend.
+  // Returns the id added or removed; the caller drops what else belongs to a removed set.
+  Result<int32_t> ChangeProcessSets(const Response& group);
 
  private:
   struct PendingHit {
@@ -112,7 +131,7 @@ class Controller {
   void NegotiationDone(const Response& response);
 
   ops::Backend* backend_;
-  const ProcessSetTable* sets_;
+  ProcessSetTable* sets_;
   Counters* counters_;
   ResponseCache cache_;
   StallInspector stall_;

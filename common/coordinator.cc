@@ -86,9 +86,6 @@ std::string DimsAfterFirst(const Request& q) {
 
 }  // namespace
 
-int64_t ReducescatterRows(int64_t dim0, int set_size, int rank_in_set) {
-  return dim0 / set_size + (rank_in_set < dim0 % set_size ? 1 : 0);
-}
 
 Response ConstructResponse(const std::vector<Request>& requests, const std::vector<int>& joined) {
   std::vector<const Request*> reqs;

@@ -94,8 +94,4 @@ class Coordinator {
 Response ConstructResponse(const std::vector<Request>& requests,
                            const std::vector<int>& joined = {});
 
-// Rows of dim 0 that `rank_in_set` receives from a reducescatter of `dim0` rows over
-// `set_size` ranks: the first dim0 % set_size ranks get one extra row.
-int64_t ReducescatterRows(int64_t dim0, int set_size, int rank_in_set);
-
 }  // namespace hvd

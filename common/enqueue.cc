@@ -5,14 +5,12 @@
 
 #include <cmath>
 #include <memory>
-#include <mutex>
+#include "base/mutex.h"
 #include <numeric>
 
-#include "common/coordinator.h"
 #include "common/names.h"
 #include "common/runtime.h"
 #include "ops/device.h"
-#include "ops/nccl_info.h"
 
 namespace hvd {
 
@@ -72,9 +70,10 @@ Status CheckTensor(const std::string& what, const TensorView& input, const Tenso
                                      ShapeToString(input.shape));
     }
   }
-  // The routing rule (ops/device.h): CPU tensors go to MPI, CUDA tensors to NCCL.
-  static const bool nccl_built = ops::NcclVersionCode() != 0;  // once, not per enqueue
-  const Result<ops::Route> route = ops::RouteFor(input.device, nccl_built);
+  // The routing rule (ops/device.h): CPU tensors go to the host backend, CUDA tensors to the
+  // device backend, when Init made one (ops::CreateBackends).
+  const Result<ops::Route> route =
+      ops::RouteFor(input.device, R().device_backend.load(std::memory_order_relaxed));
   if (!route.ok()) return Status::InvalidArgument(what + ": " + route.status().message());
   if (output && output->device != input.device) {
     return Status::InvalidArgument(what + ": output is on " + DeviceToString(output->device) +
@@ -147,31 +146,35 @@ Result<Handle> Submit(std::vector<TensorTableEntry> entries, StatusCallback call
   detail::Runtime& rt = R();
   const Handle handle = rt.handles.Allocate();
   struct Group {
-    std::mutex mu;
-    size_t remaining;
-    Status status;
-    std::vector<Output> outputs;
+    Mutex mu;
+    size_t remaining HVD_GUARDED_BY(mu);
+    Status status HVD_GUARDED_BY(mu);
+    std::vector<Output> outputs HVD_GUARDED_BY(mu);
     StatusCallback callback;
   };
   auto group = std::make_shared<Group>();
-  group->remaining = entries.size();
   group->callback = std::move(callback);
   // CUDA operations hand their completion event to the caller through Output::ready_event.
   const bool outputs =
       ProducesOutput(entries.front().request.type) || entries.front().input.device != kCpuDevice;
-  if (outputs) group->outputs.resize(entries.size());
+  {
+    MutexLock lock(group->mu);
+    group->remaining = entries.size();
+    if (outputs) group->outputs.resize(entries.size());
+  }
   for (size_t i = 0; i < entries.size(); ++i) {
     std::shared_ptr<Output> result = entries[i].result;
     entries[i].callback = [group, handle, i, result, outputs](const Status& s) {
-      std::unique_lock<std::mutex> lock(group->mu);
+      UniqueLock lock(group->mu);
       if (!s.ok() && group->status.ok()) group->status = s;
       if (outputs) group->outputs[i] = *result;
       if (--group->remaining > 0) return;
-      lock.unlock();
-      if (group->callback) group->callback(group->status);
+      const Status status = group->status;
       std::vector<Output> done;
-      if (group->status.ok()) done = std::move(group->outputs);
-      R().handles.Complete(handle, group->status, std::move(done));
+      if (status.ok()) done = std::move(group->outputs);
+      lock.Unlock();
+      if (group->callback) group->callback(status);
+      R().handles.Complete(handle, status, std::move(done));
     };
   }
   Status added = rt.queue.Add(std::move(entries), handle);

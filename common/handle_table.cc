@@ -9,7 +9,7 @@ Status HandleTable::Unknown(Handle handle) {
 }
 
 Handle HandleTable::Allocate() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Handle h = next_++;
   states_.emplace(h, State{});
   return h;
@@ -17,23 +17,23 @@ Handle HandleTable::Allocate() {
 
 void HandleTable::Complete(Handle handle, const Status& status, std::vector<Output> outputs) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = states_.find(handle);
     HVD_CHECK(it != states_.end() && !it->second.done);
     it->second.done = true;
     it->second.status = status;
     it->second.outputs = std::move(outputs);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 void HandleTable::Release(Handle handle) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   states_.erase(handle);
 }
 
 Result<bool> HandleTable::Poll(Handle handle) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = states_.find(handle);
   if (it == states_.end()) return Unknown(handle);
   return it->second.done;
@@ -45,13 +45,13 @@ Status HandleTable::Wait(Handle handle) {
 }
 
 Result<std::vector<Output>> HandleTable::WaitOutputs(Handle handle) {
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   if (states_.find(handle) == states_.end()) return Unknown(handle);
   // Another thread waiting on the same handle may release it first.
-  cv_.wait(lock, [&] {
-    auto i = states_.find(handle);
-    return i == states_.end() || i->second.done;
-  });
+  for (auto i = states_.find(handle); i != states_.end() && !i->second.done;
+       i = states_.find(handle)) {
+    cv_.Wait(lock);
+  }
   auto it = states_.find(handle);
   if (it == states_.end()) return Unknown(handle);
   State state = std::move(it->second);
@@ -61,7 +61,7 @@ Result<std::vector<Output>> HandleTable::WaitOutputs(Handle handle) {
 }
 
 size_t HandleTable::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return states_.size();
 }
 

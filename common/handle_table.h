@@ -5,14 +5,12 @@
 // The background thread calls Complete() exactly once per handle; framework threads Poll()
 // or Wait(). Wait() blocks on a condition variable (no polling) and releases the handle.
 
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "common/horovod.h"
-#include "common/thread_annotations.h"
+#include "base/mutex.h"
 
 namespace hvd {
 
@@ -46,8 +44,8 @@ class HandleTable {
   };
   static Status Unknown(Handle handle);
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable Mutex mu_;
+  CondVar cv_;
   Handle next_ HVD_GUARDED_BY(mu_) = 1;
   std::unordered_map<Handle, State> states_ HVD_GUARDED_BY(mu_);
 };

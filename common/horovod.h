@@ -29,8 +29,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "common/status.h"
-#include "common/types.h"
+#include "base/status.h"
+#include "base/types.h"
 
 namespace hvd {
 

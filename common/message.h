@@ -3,9 +3,10 @@
 // Negotiation messages and their wire format.
 //
 // A Request is what one rank says about one tensor ("I have 'grad.w', ALLREDUCE, float32,
-// [128, 64], Sum"). Ranks send RequestLists to the coordinator (rank 0 of the process set),
-// which answers with a ResponseList: one Response per tensor that every rank has asked for,
-// or an ERROR Response naming the tensor and what each rank sent.
+// [128, 64], Sum"). Ranks send RequestLists to the coordinator, global rank 0 for every
+// process set (one control plane, common/controller.h), which answers with a ResponseList: one
+// Response per tensor that every member of its set has asked for, or an ERROR Response naming
+// the tensor and what each rank sent.
 //
 // Wire format (version 1), little-endian:
 //   magic "HVDW" | u16 version | u16 kind (1 = RequestList, 2 = ResponseList)
@@ -18,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "common/status.h"
-#include "common/types.h"
+#include "base/status.h"
+#include "base/types.h"
 
 namespace hvd {
 

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "common/coordinator.h"
+#include "common/collective_layout.h"
 #include "ops/reduce_kernels.h"
 
 namespace hvd {
@@ -90,20 +90,26 @@ Status OpExecutor::Execute(const Response& response, std::vector<TensorTableEntr
   if (response.type == OpType::kError) return Status::FailedPrecondition(response.error_message);
   if (response.type == OpType::kJoin) return Status::OK();
   HVD_ASSIGN_OR_RETURN(Set set, SetOf(response.process_set_id));
-  if (response.device != kCpuDevice && response.type != OpType::kBarrier) {
-    return ExecuteOnDevice(response, set, entries);
-  }
+  // CUDA tensors (the same on every rank) run on the device backend: one method per op on
+  // each side, with the layouts of collective_layout.h.
+  const bool device = response.device != kCpuDevice && response.type != OpType::kBarrier;
+  if (device) HVD_RETURN_IF_ERROR(CheckDeviceEntries(response, entries));
   switch (response.type) {
     case OpType::kAllreduce:
-      return ExecuteAllreduce(response, set, entries);
+      return device ? DeviceAllreduce(response, set, entries)
+                    : ExecuteAllreduce(response, set, entries);
     case OpType::kBroadcast:
-      return ExecuteBroadcast(response, set, entries);
+      return device ? DeviceBroadcast(response, set, entries)
+                    : ExecuteBroadcast(response, set, entries);
     case OpType::kAllgather:
-      return ExecuteAllgather(response, set, entries);
+      return device ? DeviceAllgather(response, set, entries)
+                    : ExecuteAllgather(response, set, entries);
     case OpType::kAlltoall:
-      return ExecuteAlltoall(response, set, entries);
+      return device ? DeviceAlltoall(response, set, entries)
+                    : ExecuteAlltoall(response, set, entries);
     case OpType::kReducescatter:
-      return ExecuteReducescatter(response, set, entries);
+      return device ? DeviceReducescatter(response, set, entries)
+                    : ExecuteReducescatter(response, set, entries);
     case OpType::kBarrier: {
       counters_->barrier_calls.fetch_add(1, std::memory_order_relaxed);
       auto scope = Collective(OpType::kBarrier);
@@ -112,6 +118,14 @@ Status OpExecutor::Execute(const Response& response, std::vector<TensorTableEntr
     default:
       return Status::Internal(std::string("no executor for ") + OpTypeName(response.type));
   }
+}
+
+int64_t OpExecutor::ShapeResult(TensorTableEntry& e, DataType dtype, int64_t dim0) {
+  TensorShape shape = e.input.shape;
+  shape[0] = dim0;
+  e.result->dtype = dtype;
+  e.result->shape = shape;
+  return NumElements(shape) * DataTypeSize(dtype);
 }
 
 void OpExecutor::FinishReduction(const Response& r, const Set& set, void* buf, int64_t n) {
@@ -233,8 +247,7 @@ Status OpExecutor::ReducePacked(const Response& r, const Set& set,
 Status OpExecutor::ExecuteBroadcast(const Response& r, const Set& set,
                                     std::vector<TensorTableEntry>& entries) {
   const int64_t elem = DataTypeSize(r.dtype);
-  const auto pos = std::lower_bound(set.ranks.begin(), set.ranks.end(), r.root_rank);
-  const int root = static_cast<int>(pos - set.ranks.begin());
+  const int root = RootInSet(set.ranks, r.root_rank);
   const bool is_root = root == set.rank;
 
   if (entries.size() == 1) {
@@ -280,39 +293,23 @@ Status OpExecutor::ExecuteAllgather(const Response& r, const Set& set,
   const size_t count = entries.size();
   // rows(t, q): first dimension rank q of the set contributed to tensor t.
   auto rows = [&](size_t t, size_t q) { return r.rank_sizes[t * n + q]; };
-
   // Allocate every result: dim 0 is the sum over ranks; the other dims are this rank's.
   for (size_t t = 0; t < count; ++t) {
     TensorTableEntry& e = entries[t];
-    int64_t dim0 = 0;
-    for (size_t q = 0; q < n; ++q) dim0 += rows(t, q);
-    TensorShape shape = e.input.shape;
-    shape[0] = dim0;
-    e.result->dtype = r.dtype;
-    e.result->shape = shape;
-    e.result->data = Allocate(NumElements(shape) * elem);
+    e.result->data = Allocate(ShapeResult(e, r.dtype, AllgatherRows(r, t, set.size)));
   }
   counters_->allgather_calls.fetch_add(1, std::memory_order_relaxed);
-
   if (count == 1) {
     TensorTableEntry& e = entries.front();
-    const int64_t row = r.tensor_sizes.front();
-    std::vector<int64_t> counts(n);
-    for (size_t q = 0; q < n; ++q) counts[q] = rows(0, q) * row;
+    const Layout l = AllgatherTensor(r, 0, set.size);
     auto scope = Collective(OpType::kAllgather);
-    return backend_->Allgatherv(r.process_set_id, e.input.data, counts[set.rank],
-                                e.result->data.get(), counts, Displacements(counts), r.dtype);
+    return backend_->Allgatherv(r.process_set_id, e.input.data, l.counts[set.rank],
+                                e.result->data.get(), l.counts, l.displs, r.dtype);
   }
-
   // Fused: pack this rank's tensors, gather one block per rank, unpack tensor by tensor.
-  std::vector<int64_t> counts(n, 0);
-  for (size_t q = 0; q < n; ++q) {
-    for (size_t t = 0; t < count; ++t) counts[q] += rows(t, q) * r.tensor_sizes[t];
-  }
-  const std::vector<int64_t> displs = Displacements(counts);
-  const int64_t total = displs.back() + counts.back();
-  uint8_t* send = Buffer(0, counts[set.rank] * elem);
-  uint8_t* recv = Buffer(1, total * elem);
+  const Layout l = AllgatherFused(r, set.size);
+  uint8_t* send = Buffer(0, l.counts[set.rank] * elem);
+  uint8_t* recv = Buffer(1, l.total * elem);
   {
     auto scope = CopyIn();
     int64_t offset = 0;
@@ -324,13 +321,13 @@ Status OpExecutor::ExecuteAllgather(const Response& r, const Set& set,
   }
   {
     auto scope = Collective(OpType::kAllgather);
-    HVD_RETURN_IF_ERROR(backend_->Allgatherv(r.process_set_id, send, counts[set.rank], recv, counts,
-                                             displs, r.dtype));
+    HVD_RETURN_IF_ERROR(backend_->Allgatherv(r.process_set_id, send, l.counts[set.rank], recv,
+                                             l.counts, l.displs, r.dtype));
   }
   auto scope = CopyOut();
   std::vector<int64_t> out_offset(count, 0);
   for (size_t q = 0; q < n; ++q) {
-    int64_t in_block = displs[q] * elem;
+    int64_t in_block = l.displs[q] * elem;
     for (size_t t = 0; t < count; ++t) {
       const int64_t bytes = rows(t, q) * r.tensor_sizes[t] * elem;
       Copy(static_cast<uint8_t*>(entries[t].result->data.get()) + out_offset[t], recv + in_block,
@@ -344,33 +341,14 @@ Status OpExecutor::ExecuteAllgather(const Response& r, const Set& set,
 
 Status OpExecutor::ExecuteAlltoall(const Response& r, const Set& set,
                                    std::vector<TensorTableEntry>& entries) {
-  const int64_t elem = DataTypeSize(r.dtype);
-  const size_t n = static_cast<size_t>(set.size);
-  const size_t me = static_cast<size_t>(set.rank);
-  const int64_t row = r.tensor_sizes.front();
-  // split(q, d): rows rank q of the set sends to rank d.
-  auto split = [&](size_t q, size_t d) { return r.rank_sizes[q * n + d]; };
+  const AlltoallLayout l = AlltoallOf(r, set.size, set.rank);
   TensorTableEntry& e = entries.front();
-
-  std::vector<int64_t> send_counts(n), recv_counts(n), received(n);
-  int64_t rows_in = 0;
-  for (size_t d = 0; d < n; ++d) {
-    send_counts[d] = split(me, d) * row;
-    received[d] = split(d, me);
-    recv_counts[d] = received[d] * row;
-    rows_in += received[d];
-  }
-  TensorShape shape = e.input.shape;
-  shape[0] = rows_in;
-  e.result->dtype = r.dtype;
-  e.result->shape = shape;
-  e.result->data = Allocate(NumElements(shape) * elem);
-  e.result->received_splits = received;
+  e.result->data = Allocate(ShapeResult(e, r.dtype, l.rows_in));
+  e.result->received_splits = l.received_rows;
   counters_->alltoall_calls.fetch_add(1, std::memory_order_relaxed);
   auto scope = Collective(OpType::kAlltoall);
-  return backend_->Alltoallv(r.process_set_id, e.input.data, send_counts,
-                             Displacements(send_counts), e.result->data.get(), recv_counts,
-                             Displacements(recv_counts), r.dtype);
+  return backend_->Alltoallv(r.process_set_id, e.input.data, l.send.counts, l.send.displs,
+                             e.result->data.get(), l.recv.counts, l.recv.displs, r.dtype);
 }
 
 Status OpExecutor::ExecuteReducescatter(const Response& r, const Set& set,
@@ -384,11 +362,10 @@ Status OpExecutor::ExecuteReducescatter(const Response& r, const Set& set,
   auto rows = [&](size_t t, size_t q) {
     return ReducescatterRows(entries[t].input.shape[0], set.size, static_cast<int>(q));
   };
-  std::vector<int64_t> recv_counts(n, 0);
-  for (size_t q = 0; q < n; ++q) {
-    for (size_t t = 0; t < count; ++t)
-      recv_counts[q] += rows(t, q) * RowElements(entries[t].input.shape);
-  }
+  std::vector<TensorShape> shapes;
+  for (const TensorTableEntry& e : entries) shapes.push_back(e.input.shape);
+  const Layout l = ReducescatterFused(shapes, set.size);
+  const std::vector<int64_t>& recv_counts = l.counts;
   counters_->reducescatter_calls.fetch_add(1, std::memory_order_relaxed);
 
   if (count == 1 && r.prescale_factor == 1.0) {
@@ -401,8 +378,7 @@ Status OpExecutor::ExecuteReducescatter(const Response& r, const Set& set,
   }
 
   // Pack rank-major: for each destination rank, its rows of every tensor in turn.
-  int64_t total = 0;
-  for (int64_t c : recv_counts) total += c;
+  const int64_t total = l.total;
   uint8_t* send = Buffer(0, total * elem);
   uint8_t* recv = Buffer(1, recv_counts[set.rank] * elem);
   {

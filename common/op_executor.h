@@ -74,8 +74,19 @@ class OpExecutor {
   Status ExecuteAlltoall(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
   Status ExecuteReducescatter(const Response& r, const Set& set,
                               std::vector<TensorTableEntry>& entries);
-  // CUDA tensors, through `device_` (op_executor_device.cc).
-  Status ExecuteOnDevice(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
+  // CUDA tensors, through `device_` (op_executor_device.cc): the same methods as the host's.
+  // CheckDeviceEntries first: a device backend exists, no joined stand-ins, one GPU, and at
+  // least one entry.
+  Status CheckDeviceEntries(const Response& r, const std::vector<TensorTableEntry>& entries) const;
+  Status DeviceAllreduce(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
+  Status DeviceBroadcast(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
+  Status DeviceAllgather(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
+  Status DeviceAlltoall(const Response& r, const Set& set, std::vector<TensorTableEntry>& entries);
+  Status DeviceReducescatter(const Response& r, const Set& set,
+                             std::vector<TensorTableEntry>& entries);
+  // Stores the event of a device call in the results of entries [first, last).
+  static Status Completed(const Result<ops::Event>& event, std::vector<TensorTableEntry>& entries,
+                          size_t first, size_t last);
   // Records `activity` for the lifetime of the returned scope on the rows of the response's
   // tensors [first, last) (default: all of them).
   class Activity {
@@ -107,6 +118,10 @@ class OpExecutor {
                       std::vector<TensorTableEntry>& entries, ReduceOp op);
   // Elements per collective call for `dtype`.
   int64_t ChunkElements(DataType dtype) const;
+
+  // Sets the runtime-allocated result of `e` (allgather, alltoall) to `dtype` with `e`'s shape
+  // but `dim0` rows; returns its size in bytes (the caller allocates where the data lives).
+  static int64_t ShapeResult(TensorTableEntry& e, DataType dtype, int64_t dim0);
 
   // Average's division by the set size, then the postscale.
   static void FinishReduction(const Response& r, const Set& set, void* buf, int64_t n);

@@ -6,13 +6,12 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 
-#include "common/logging.h"
+#include "base/logging.h"
 #include "common/names.h"
 #include "common/runtime.h"
-#include "ops/backend.h"
 #include "ops/device.h"
+#include "ops/factory.h"
 #include "ops/nccl_info.h"
 
 namespace hvd {
@@ -67,7 +66,7 @@ Status Init() { return Init(InitOptions{}); }
 
 Status Init(const InitOptions& options) {
   detail::Runtime& rt = R();
-  std::lock_guard<std::mutex> lock(rt.lifecycle_mu);
+  MutexLock lock(rt.lifecycle_mu);
   if (rt.started.load()) {
     if (rt.loop.running()) return Status::OK();
     rt.loop.Stop();  // ended by a peer's shutdown; clean up before starting again
@@ -82,7 +81,11 @@ Status Init(const InitOptions& options) {
   // Every rank starts again together, so default names ("allreduce.noname.<n>") restart too:
   // an op that failed on one rank while the runtime was down must not shift its sequence.
   for (auto& n : rt.noname) n = 0;
-  HVD_RETURN_IF_ERROR(rt.loop.Start(config, options, ops::CreateMpiBackend()));
+  HVD_ASSIGN_OR_RETURN(ops::Backends backends, ops::CreateBackends());
+  // Routing (enqueue.cc) asks what was built here, not the build: a test or a future option
+  // may run without a device backend where NCCL exists.
+  rt.device_backend = backends.device != nullptr;
+  HVD_RETURN_IF_ERROR(rt.loop.Start(config, options, std::move(backends)));
   rt.started = true;
   if (rt.loop.topology().rank == 0) {
     std::vector<std::string> names;
@@ -99,7 +102,7 @@ Status Init(const InitOptions& options) {
 
 Status Shutdown() {
   detail::Runtime& rt = R();
-  std::lock_guard<std::mutex> lock(rt.lifecycle_mu);
+  MutexLock lock(rt.lifecycle_mu);
   if (!rt.started.load()) return Status::OK();
   rt.loop.Stop();
   rt.started = false;
@@ -132,14 +135,14 @@ Result<std::vector<int32_t>> ProcessSetIds() {
 
 Status StartTimeline(const std::string& path, bool mark_cycles) {
   detail::Runtime& rt = R();
-  std::lock_guard<std::mutex> lock(rt.lifecycle_mu);  // the loop's timeline lives until Stop
+  MutexLock lock(rt.lifecycle_mu);  // the loop's timeline lives until Stop
   HVD_RETURN_IF_ERROR(CheckRunning());
   return rt.loop.StartTimeline(path, mark_cycles);
 }
 
 Status StopTimeline() {
   detail::Runtime& rt = R();
-  std::lock_guard<std::mutex> lock(rt.lifecycle_mu);
+  MutexLock lock(rt.lifecycle_mu);
   HVD_RETURN_IF_ERROR(CheckRunning());
   rt.loop.StopTimeline();
   return Status::OK();

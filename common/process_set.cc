@@ -26,7 +26,7 @@ std::string ValidateRankList(const std::vector<int>& ranks, int world_size) {
 }
 
 void ProcessSetTable::Reset(int world_size, int my_rank) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   world_size_ = world_size;
   my_rank_ = my_rank;
   next_id_ = 1;
@@ -37,7 +37,7 @@ void ProcessSetTable::Reset(int world_size, int my_rank) {
 }
 
 Result<int32_t> ProcessSetTable::Add(const std::vector<int>& ranks) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::string problem = ValidateRankList(ranks, world_size_);
   if (!problem.empty()) return Status::InvalidArgument("process set " + problem);
   for (const auto& [id, members] : sets_) {
@@ -52,7 +52,7 @@ Result<int32_t> ProcessSetTable::Add(const std::vector<int>& ranks) {
 }
 
 Status ProcessSetTable::Remove(int32_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (id == kGlobalProcessSetId) {
     return Status::InvalidArgument("the global process set (id 0) cannot be removed");
   }
@@ -64,7 +64,7 @@ Status ProcessSetTable::Remove(int32_t id) {
 }
 
 Result<ProcessSetInfo> ProcessSetTable::Get(int32_t id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = sets_.find(id);
   if (it == sets_.end()) {
     return Status::InvalidArgument("unknown process set " + std::to_string(id) +
@@ -81,14 +81,14 @@ Result<ProcessSetInfo> ProcessSetTable::Get(int32_t id) const {
 }
 
 std::vector<int32_t> ProcessSetTable::Ids() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<int32_t> ids;
   for (const auto& [id, members] : sets_) ids.push_back(id);
   return ids;
 }
 
 std::vector<int32_t> ProcessSetTable::IdsIncluding(int rank) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<int32_t> ids;
   for (const auto& [id, members] : sets_) {
     if (std::binary_search(members.begin(), members.end(), rank)) ids.push_back(id);
@@ -97,13 +97,13 @@ std::vector<int32_t> ProcessSetTable::IdsIncluding(int rank) const {
 }
 
 std::vector<int> ProcessSetTable::Ranks(int32_t id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = sets_.find(id);
   return it == sets_.end() ? std::vector<int>{} : it->second;
 }
 
 int ProcessSetTable::world_size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return world_size_;
 }
 

@@ -10,14 +10,13 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/horovod.h"
-#include "common/status.h"
-#include "common/thread_annotations.h"
+#include "base/status.h"
+#include "base/mutex.h"
 
 namespace hvd {
 
@@ -45,7 +44,7 @@ class ProcessSetTable {
   int world_size() const;
 
  private:
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   int world_size_ HVD_GUARDED_BY(mu_) = 0;
   int my_rank_ HVD_GUARDED_BY(mu_) = 0;
   int32_t next_id_ HVD_GUARDED_BY(mu_) = 1;

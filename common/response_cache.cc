@@ -1,7 +1,7 @@
 // horovod_cpp — Apache-2.0
 #include "common/response_cache.h"
 
-#include "common/logging.h"
+#include "base/logging.h"
 
 namespace hvd {
 namespace {

@@ -5,9 +5,9 @@
 // exit; an atexit handler registered by the first Init performs the negotiated Shutdown.
 
 #include <atomic>
-#include <mutex>
 #include <string>
 
+#include "base/mutex.h"
 #include "common/background_loop.h"
 #include "common/config.h"
 #include "common/counters.h"
@@ -20,7 +20,7 @@ namespace hvd {
 namespace detail {
 
 struct Runtime {
-  std::mutex lifecycle_mu;  // serialises Init and Shutdown
+  Mutex lifecycle_mu;  // serialises Init and Shutdown
   TensorQueue queue;
   HandleTable handles;
   Counters counters;
@@ -28,6 +28,8 @@ struct Runtime {
   BackgroundLoop loop{&queue, &sets, &counters};
   std::atomic<bool> started{false};
   std::atomic<bool> dynamic_process_sets{false};
+  // The backends of the running Init include a device backend (CUDA tensors are accepted).
+  std::atomic<bool> device_backend{false};
   // Per-process counters for default names ("allreduce.noname.<n>"), one per op type.
   std::atomic<int64_t> noname[kNumOpTypes] = {};
 };

@@ -8,7 +8,7 @@ namespace hvd {
 
 Status TensorQueue::Add(std::vector<TensorTableEntry> entries, Handle handle) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return closed_status_;
     std::unordered_set<std::string> seen;
     for (const TensorTableEntry& e : entries) {
@@ -37,17 +37,17 @@ Status TensorQueue::Add(std::vector<TensorTableEntry> entries, Handle handle) {
     }
     if (!was_idle) return Status::OK();  // the background thread has already been woken
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
   return Status::OK();
 }
 
 void TensorQueue::BeginWait(Handle handle) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++waiting_[handle];
 }
 
 void TensorQueue::EndWait(Handle handle) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = waiting_.find(handle);
   if (it != waiting_.end() && --it->second == 0) waiting_.erase(it);
 }
@@ -66,13 +66,13 @@ bool TensorQueue::VisitBlockedLocked(const Visit& visit) const {
 }
 
 bool TensorQueue::Blocked() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return VisitBlockedLocked([](const Request&) { return true; });
 }
 
 std::vector<Request> TensorQueue::BlockedOn() const {
   std::vector<Request> out;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   VisitBlockedLocked([&](const Request& r) {
     out.push_back(r);
     return false;
@@ -83,7 +83,7 @@ std::vector<Request> TensorQueue::BlockedOn() const {
 size_t TensorQueue::FailKeys(const std::vector<TensorKey>& keys, const Status& status) {
   std::vector<TensorTableEntry> failed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (const TensorKey& key : keys) {
       auto it = table_.find(key);
       if (it == table_.end()) continue;
@@ -98,7 +98,7 @@ size_t TensorQueue::FailKeys(const std::vector<TensorKey>& keys, const Status& s
 }
 
 void TensorQueue::ReleaseNames(Handle handle) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = reserved_by_handle_.find(handle);
   if (it == reserved_by_handle_.end()) return;
   for (const TensorKey& key : it->second) reserved_.erase(key);
@@ -106,7 +106,7 @@ void TensorQueue::ReleaseNames(Handle handle) {
 }
 
 std::vector<Request> TensorQueue::PopNewRequests() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<Request> out;
   out.swap(new_requests_);
   return out;
@@ -116,7 +116,7 @@ std::vector<std::optional<TensorTableEntry>> TensorQueue::Take(
     int32_t process_set_id, const std::vector<std::string>& names) {
   std::vector<std::optional<TensorTableEntry>> out;
   out.reserve(names.size());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (const std::string& name : names) {
     auto it = table_.find(TensorKey{process_set_id, name});
     if (it == table_.end()) {
@@ -133,7 +133,7 @@ size_t TensorQueue::FailProcessSet(int32_t process_set_id, const Status& status)
   std::vector<TensorTableEntry> failed;
   size_t unpopped = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     removed_sets_.insert(process_set_id);
     for (auto it = table_.begin(); it != table_.end();) {
       if (it->first.process_set_id != process_set_id) {
@@ -156,27 +156,29 @@ size_t TensorQueue::FailProcessSet(int32_t process_set_id, const Status& status)
 }
 
 void TensorQueue::WaitForWork(Clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_until(lock, deadline, [this] { return !new_requests_.empty() || shutdown_requested_; });
+  UniqueLock lock(mu_);
+  while (new_requests_.empty() && !shutdown_requested_) {
+    if (!cv_.WaitUntil(lock, deadline)) break;
+  }
 }
 
 void TensorQueue::RequestShutdown() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     shutdown_requested_ = true;
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 bool TensorQueue::shutdown_requested() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return shutdown_requested_;
 }
 
 void TensorQueue::Close(const Status& status) {
   std::vector<TensorTableEntry> pending;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     closed_ = true;
     closed_status_ = status;
     for (auto& [key, entry] : table_) pending.push_back(std::move(entry));
@@ -189,7 +191,7 @@ void TensorQueue::Close(const Status& status) {
 }
 
 void TensorQueue::Reset() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   closed_ = false;
   closed_status_ = Status::OK();
   shutdown_requested_ = false;
@@ -202,12 +204,12 @@ void TensorQueue::Reset() {
 }
 
 size_t TensorQueue::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return table_.size();
 }
 
 size_t TensorQueue::reserved() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return reserved_.size();
 }
 

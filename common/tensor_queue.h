@@ -14,9 +14,7 @@
 // fail, so no entry is ever lost or completed twice.
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -25,7 +23,7 @@
 
 #include "common/horovod.h"
 #include "common/message.h"
-#include "common/thread_annotations.h"
+#include "base/mutex.h"
 
 namespace hvd {
 
@@ -98,8 +96,8 @@ class TensorQueue {
   size_t reserved() const;
 
  private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable Mutex mu_;
+  CondVar cv_;
   // Calls visit(request) for each queued request a blocked thread waits for, until it returns
   // true; returns whether it did.
   template <typename Visit>

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/status.h"
+#include "base/status.h"
 
 namespace hvd {
 namespace wire {

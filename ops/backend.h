@@ -14,8 +14,8 @@
 #include <memory>
 #include <vector>
 
-#include "common/status.h"
-#include "common/types.h"
+#include "base/status.h"
+#include "base/types.h"
 
 namespace hvd {
 namespace ops {

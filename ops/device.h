@@ -18,8 +18,8 @@
 #include <memory>
 #include <vector>
 
-#include "common/status.h"
-#include "common/types.h"
+#include "base/status.h"
+#include "base/types.h"
 
 namespace hvd {
 namespace ops {
@@ -28,9 +28,9 @@ class Backend;
 
 enum class Route { kHost, kDevice };
 
-// Where a tensor on `device` (kCpuDevice or a CUDA ordinal) runs; an error if this build has
-// no device backend and the tensor is on a GPU.
-Result<Route> RouteFor(int32_t device, bool device_backend_built);
+// Where a tensor on `device` (kCpuDevice or a CUDA ordinal) runs; an error for a tensor on a
+// GPU when there is no device backend (`device_backend`: ops::CreateBackends made one).
+Result<Route> RouteFor(int32_t device, bool device_backend);
 
 // A completion event (a cudaEvent_t, destroyed with the last reference).
 using Event = std::shared_ptr<void>;

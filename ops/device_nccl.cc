@@ -23,7 +23,8 @@ namespace {
     if (hvd_cuda_err != cudaSuccess) {                                                  \
       return Status::Unavailable(std::string("CUDA error in " #expr ": ") +             \
                                  cudaGetErrorString(hvd_cuda_err) + " (error " +        \
-                                 std::to_string(static_cast<int>(hvd_cuda_err)) + ")"); \
+                                 std::to_string(static_cast<int>(hvd_cuda_err)) + ")" + \
+                                 HVD_WHERE());                                          \
     }                                                                                   \
   } while (0)
 
@@ -32,7 +33,7 @@ namespace {
     const ncclResult_t hvd_nccl_err = (expr);                               \
     if (hvd_nccl_err != ncclSuccess) {                                      \
       return Status::Unavailable(std::string("NCCL error in " #expr ": ") + \
-                                 ncclGetErrorString(hvd_nccl_err));         \
+                                 ncclGetErrorString(hvd_nccl_err) + HVD_WHERE()); \
     }                                                                       \
   } while (0)
 

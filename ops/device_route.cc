@@ -7,13 +7,13 @@
 namespace hvd {
 namespace ops {
 
-Result<Route> RouteFor(int32_t device, bool device_backend_built) {
+Result<Route> RouteFor(int32_t device, bool device_backend) {
   if (device == kCpuDevice) return Route::kHost;
   if (device < 0) {
     return Status::InvalidArgument("invalid device " + std::to_string(device) +
                                    " (use -1 for the CPU or a CUDA ordinal >= 0)");
   }
-  if (!device_backend_built) {
+  if (!device_backend) {
     return Status::InvalidArgument(
         "tensor is on " + DeviceToString(device) +
         ", but this horovod_cpp was built without NCCL (CUDA tensors need -DHVD_WITH_NCCL=ON "

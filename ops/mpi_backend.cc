@@ -25,7 +25,7 @@
 #include <string>
 #include <thread>
 
-#include "common/logging.h"
+#include "base/logging.h"
 #include "ops/backend.h"
 #include "ops/reduce_kernels.h"
 
@@ -67,7 +67,7 @@ std::string MpiErrorText(int code) {
     int hvd_mpi_rc_ = (call);                                                                   \
     if (hvd_mpi_rc_ != MPI_SUCCESS) {                                                           \
       return Status::Unavailable(std::string(#call) + " failed: " + MpiErrorText(hvd_mpi_rc_) + \
-                                 " (" __FILE__ ":" + std::to_string(__LINE__) + ")");           \
+                                 HVD_WHERE());                                                  \
     }                                                                                           \
   } while (0)
 

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "common/types.h"
+#include "base/types.h"
 
 namespace hvd {
 namespace ops {

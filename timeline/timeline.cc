@@ -46,11 +46,11 @@ Timeline::Timeline(size_t capacity)
 Timeline::~Timeline() {
   Stop();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     commands_.push_back(Command{Command::kExit});
     ++commands_sent_;
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
   writer_.join();
 }
 
@@ -60,7 +60,7 @@ bool Timeline::Start(const std::string& path, bool mark_cycles, std::string* err
     *error = "cannot open timeline file '" + path + "': " + std::strerror(errno);
     return false;
   }
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   Command c{Command::kStart};
   c.fd = fd;
   c.gen = gen_.load() + 1;
@@ -73,26 +73,26 @@ bool Timeline::Start(const std::string& path, bool mark_cycles, std::string* err
   mark_cycles_.store(mark_cycles);
   gen_.store(c.gen);
   active_.store(true);
-  cv_.notify_one();
-  done_cv_.wait(lock, [&] { return commands_done_ >= ticket; });
+  cv_.NotifyOne();
+  while (commands_done_ < ticket) done_cv_.Wait(lock);
   return true;
 }
 
 uint64_t Timeline::Stop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   if (!active_.load()) return 0;
   active_.store(false);
   commands_.push_back(Command{Command::kStop});
   const uint64_t ticket = ++commands_sent_;
-  cv_.notify_one();
-  done_cv_.wait(lock, [&] { return commands_done_ >= ticket; });
+  cv_.NotifyOne();
+  while (commands_done_ < ticket) done_cv_.Wait(lock);
   return last_dropped_;  // written by the writer before it acknowledged the command
 }
 
 void Timeline::PauseWriterForTest(bool paused) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   paused_ = paused;
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 int32_t Timeline::Row(const std::string& tensor) {
@@ -101,7 +101,7 @@ int32_t Timeline::Row(const std::string& tensor) {
   if (pids_.size() >= kMaxRows) return 0;
   const int32_t pid = static_cast<int32_t>(pids_.size()) + 1;
   pids_.emplace(tensor, pid);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   new_names_.emplace_back(pid, tensor);  // published before any record that uses the pid
   return pid;
 }
@@ -156,17 +156,19 @@ void Timeline::WriterMain() {
 #if defined(__linux__)
   pthread_setname_np(pthread_self(), "hvd-timeline");
 #endif
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   while (true) {
     if (fd_ >= 0 && !paused_) {
-      cv_.wait_for(lock, kDrainPeriod, [&] { return !commands_.empty(); });
+      const auto deadline = std::chrono::steady_clock::now() + kDrainPeriod;
+      while (commands_.empty() && cv_.WaitUntil(lock, deadline)) {
+      }
     } else {
-      cv_.wait(lock, [&] { return !commands_.empty() || (fd_ >= 0 && !paused_); });
+      while (commands_.empty() && !(fd_ >= 0 && !paused_)) cv_.Wait(lock);
     }
     while (!commands_.empty()) {
       const Command c = commands_.front();
       commands_.pop_front();
-      lock.unlock();
+      lock.Unlock();
       if (fd_ >= 0) {  // every command first finishes the current file
         Drain();
         FinishFile();
@@ -181,15 +183,15 @@ void Timeline::WriterMain() {
         AppendStartMetadata(&out_, c.epoch_micros);
         WriteOut();
       }
-      lock.lock();
+      lock.Lock();
       ++commands_done_;
-      done_cv_.notify_all();
+      done_cv_.NotifyAll();
       if (c.type == Command::kExit) return;
     }
     if (fd_ >= 0 && !paused_) {
-      lock.unlock();
+      lock.Unlock();
       Drain();
-      lock.lock();
+      lock.Lock();
     }
   }
 }
@@ -198,7 +200,7 @@ void Timeline::Drain() {
   // Read the head first: every record before it had its tensor name published beforehand.
   const uint64_t h = head_.load(std::memory_order_acquire);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (auto& [pid, name] : new_names_) {
       if (names_.size() <= static_cast<size_t>(pid)) {
         names_.resize(pid + 1);

@@ -21,14 +21,14 @@
 // Depends on nothing else in horovod_cpp.
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
+
+#include "base/mutex.h"
 
 namespace hvd {
 namespace timeline {
@@ -112,14 +112,14 @@ class Timeline {
   // Producer-owned: tensor name -> row.
   std::unordered_map<std::string, int32_t> pids_;
 
-  std::mutex mu_;  // guards everything below
-  std::condition_variable cv_;
-  std::condition_variable done_cv_;
-  std::deque<Command> commands_;
-  uint64_t commands_done_ = 0;
-  uint64_t commands_sent_ = 0;
-  std::vector<std::pair<int32_t, std::string>> new_names_;
-  bool paused_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  CondVar done_cv_;
+  std::deque<Command> commands_ HVD_GUARDED_BY(mu_);
+  uint64_t commands_done_ HVD_GUARDED_BY(mu_) = 0;
+  uint64_t commands_sent_ HVD_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<int32_t, std::string>> new_names_ HVD_GUARDED_BY(mu_);
+  bool paused_ HVD_GUARDED_BY(mu_) = false;
 
   // Writer-owned.
   std::vector<std::string> names_;  // by pid

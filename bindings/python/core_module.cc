@@ -19,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/config.h"
 #include "common/horovod.h"
 
 namespace py = pybind11;
@@ -183,6 +184,27 @@ PYBIND11_MODULE(_core, m) {
   m.def("cross_size", [] { return Get(hvd::CrossSize()); });
   m.def("mpi_threads_supported", [] { return Get(hvd::MpiThreadsSupported()); });
   m.def("nccl_built", &hvd::NcclBuilt);
+  // Every knob of common/knobs.def: hvdrun builds its flags from these (runner/mpirun.py).
+  m.def("knobs", [] {
+    py::list out;
+    for (const hvd::KnobSpec& k : hvd::KnobTable()) {
+      py::dict d;
+      d["name"] = k.name;
+      d["type"] = k.type;
+      d["default"] = k.default_value;
+      d["range"] = k.range;
+      d["min"] = k.min;
+      d["max"] = k.max;
+      d["agree"] = k.agree;
+      d["flag"] = k.flag;
+      d["flag_alias"] = k.flag_alias;
+      d["flag_scale"] = k.flag_scale;
+      d["note"] = k.note;
+      d["help"] = k.help;
+      out.append(d);
+    }
+    return out;
+  });
 
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
     Check(hvd::StartTimeline(path, mark_cycles));

@@ -43,12 +43,12 @@ def _parser():
                        help="file of 'host slots=N' lines")
     p.add_argument("--oversubscribe", action="store_true",
                    help="allow more ranks than the slots of -H/--hostfile")
-    for knob in mpirun.KNOBS:
-        flags = (knob.flag,) + mpirun.KNOB_ALIASES.get(knob.flag, ())
+    for knob in mpirun.knobs():
+        flags = (knob.flag,) + knob.aliases
         dest = knob.dest
         if knob.parse is None:
             p.add_argument(*flags, dest=dest, action="store_true", help=knob.help)
-        elif knob.env == "HOROVOD_LOG_LEVEL":
+        elif knob.kind == "level":
             p.add_argument(*flags, dest=dest, type=str.lower, choices=mpirun.LOG_LEVELS,
                            help=knob.help)
         else:
@@ -138,7 +138,7 @@ def make_command(args, mpirun_path="mpirun", cpu_count=None):
         cores = cpu_count or os.cpu_count() or 1
         oversubscribe = args.oversubscribe or args.np > cores
     env = {}
-    for knob in mpirun.KNOBS:
+    for knob in mpirun.knobs():
         value = getattr(args, knob.dest)
         if value is not None and value is not False:
             env[knob.env] = knob.to_env(value)

@@ -32,7 +32,8 @@ def _number(kind, lo, hi):
     return parse
 
 
-class Knob(collections.namedtuple("Knob", "flag env parse to_env help")):
+class Knob(collections.namedtuple("Knob", "flag aliases env kind parse to_env help")):
+    """One hvdrun flag for a HOROVOD_* knob. ``parse`` is None for a switch (store_true)."""
     __slots__ = ()
 
     @property
@@ -41,36 +42,45 @@ class Knob(collections.namedtuple("Knob", "flag env parse to_env help")):
         return self.flag.lstrip("-").replace("-", "_")
 
 
-KNOBS = (
-    Knob("--fusion-threshold-mb", "HOROVOD_FUSION_THRESHOLD", _number(float, 0, 1 << 20),
-         lambda mb: str(int(mb * 1024 * 1024)),
-         "largest fused buffer in MiB; 0 disables fusion (default 128)"),
-    Knob("--cycle-time-ms", "HOROVOD_CYCLE_TIME", _number(float, 0, 60000), repr,
-         "longest wait between negotiation cycles in ms (default 1)"),
-    Knob("--cache-capacity", "HOROVOD_CACHE_CAPACITY", _number(int, 0, 1 << 20), str,
-         "response-cache entries; 0 disables the cache (default 1024)"),
-    Knob("--timeline-filename", "HOROVOD_TIMELINE", str,
-         lambda path: path if path == "DYNAMIC" else os.path.abspath(path),
-         "rank 0 records a Chrome-tracing timeline into this file"),
-    Knob("--timeline-mark-cycles", "HOROVOD_TIMELINE_MARK_CYCLES", None, lambda _: "1",
-         "mark every negotiation cycle in the timeline"),
-    Knob("--stall-check-time-seconds", "HOROVOD_STALL_CHECK_TIME_SECONDS",
-         _number(float, 0, 86400), repr,
-         "report tensors that some ranks have not submitted after this long (default 60; 0 = off)"),
-    Knob("--stall-shutdown-time-seconds", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
-         _number(float, 0, 86400), repr,
-         "shut the job down after a stall this long (default 0 = never)"),
-    Knob("--no-stall-check", "HOROVOD_STALL_CHECK_DISABLE", None, lambda _: "1",
-         "turn the stall inspector off (no stall warnings, no stall shutdown)"),
-    Knob("--log-level", "HOROVOD_LOG_LEVEL", str, str,
-         "trace, debug, info, warning, error or fatal, any case (default warning)"),
-)
-# horovodrun's names for the same flags, accepted too.
-KNOB_ALIASES = {
-    "--stall-check-time-seconds": ("--stall-check-warning-time-seconds",),
-    "--stall-shutdown-time-seconds": ("--stall-check-shutdown-time-seconds",),
-}
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
+
+
+def _flag_of(spec):
+    """The Knob for one entry of the core's knob table (common/knobs.def)."""
+    kind, scale = spec["type"], spec["flag_scale"]
+    # Bounds as people write them: 60000, not 60000.0.
+    lo, hi = (int(b) if b == int(b) else b for b in (spec["min"] / scale, spec["max"] / scale))
+    unit = " This flag is in MiB." if scale == 1 << 20 else ""
+    text = "%s Sets %s (default %s).%s" % (spec["help"], spec["name"], spec["default"], unit)
+    text = text.replace("%", "%%")  # argparse formats help texts
+    if kind == "bool":
+        parse, to_env = None, lambda _: "1"
+    elif kind == "level":
+        parse, to_env = str.lower, str
+    elif kind == "path":
+        keyword = spec["note"]
+        parse = str
+        to_env = lambda path: path if keyword and path == keyword else os.path.abspath(path)
+    elif kind in ("bytes", "integer") and scale == 1:
+        parse, to_env = _number(int, lo, hi), str
+    elif kind in ("bytes", "integer"):
+        parse, to_env = _number(float, lo, hi), lambda v: str(int(v * scale))
+    else:
+        parse, to_env = _number(float, lo, hi), repr
+    aliases = (spec["flag_alias"],) if spec["flag_alias"] else ()
+    return Knob(spec["flag"], aliases, spec["name"], kind, parse, to_env, text)
+
+
+_KNOBS = []
+
+
+def knobs():
+    """hvdrun's knob flags, one per knob of the core's table that declares a flag."""
+    if not _KNOBS:
+        from horovod_cpp import _import_core
+        _KNOBS.extend(_flag_of(spec) for spec in _import_core().knobs() if spec["flag"])
+    return tuple(_KNOBS)
+
 
 # Passed to every rank with -x NAME (values from mpirun's own environment) when set.
 PASSTHROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED")

@@ -82,8 +82,9 @@ TensorTableEntry Entry(OpType type, int rank, const std::string& name, float* in
   std::vector<Status> started(ranks.size());
   for (size_t r = 0; r < ranks.size(); ++r) {
     starters.emplace_back([&, r] {
-      started[r] = ranks[r]->loop.Start(config, {},
-                                        test::CreateLocalBackend(world, static_cast<int>(r)));
+      ops::Backends backends;
+      backends.host = test::CreateLocalBackend(world, static_cast<int>(r));
+      started[r] = ranks[r]->loop.Start(config, {}, std::move(backends));
     });
   }
   for (auto& t : starters) t.join();

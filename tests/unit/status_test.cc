@@ -1,5 +1,5 @@
 // horovod_cpp — Apache-2.0
-#include "common/status.h"
+#include "base/status.h"
 
 #include <gtest/gtest.h>
 

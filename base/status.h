@@ -133,6 +133,10 @@ class [[nodiscard]] Result {
   lhs = std::move(tmp).value()
 
 // Invariant check for bugs (never for user input): prints file:line and aborts.
+// " (<file>:<line>)" of the expanding line: appended to the message of a failed library call
+// (HVD_MPI_CHECK, HVD_NCCL_CHECK, HVD_CUDA_CHECK) so the report says where it was made.
+#define HVD_WHERE() (std::string(" (" __FILE__ ":") + std::to_string(__LINE__) + ")")
+
 #define HVD_CHECK(cond)                                                                            \
   do {                                                                                             \
     if (!(cond)) {                                                                                 \

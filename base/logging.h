@@ -8,9 +8,13 @@
 #include <atomic>
 #include <sstream>
 
-#include "common/config.h"
-
 namespace hvd {
+
+enum class LogLevel : int { kTrace = 0, kDebug, kInfo, kWarning, kError, kFatal };
+
+// "TRACE" ... "FATAL".
+const char* LogLevelName(LogLevel level);
+
 
 void SetLogLevel(LogLevel level);
 LogLevel GetLogLevel();

@@ -1,5 +1,5 @@
 // horovod_cpp — Apache-2.0
-#include "common/types.h"
+#include "base/types.h"
 
 namespace hvd {
 
@@ -192,6 +192,10 @@ std::vector<int64_t> Displacements(const std::vector<int64_t>& counts) {
   std::vector<int64_t> d(counts.size(), 0);
   for (size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
   return d;
+}
+
+int64_t ReducescatterRows(int64_t dim0, int set_size, int rank_in_set) {
+  return dim0 / set_size + (rank_in_set < dim0 % set_size ? 1 : 0);
 }
 
 }  // namespace hvd

@@ -1,5 +1,5 @@
 // horovod_cpp — Apache-2.0
-#include "common/logging.h"
+#include "base/logging.h"
 
 #include <unistd.h>
 
@@ -10,6 +10,24 @@ namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kWarning)};
 std::atomic<int> g_rank{-1};
 }  // namespace
+
+const char* LogLevelName(LogLevel level) {
+  switch (level) {
+    case LogLevel::kTrace:
+      return "TRACE";
+    case LogLevel::kDebug:
+      return "DEBUG";
+    case LogLevel::kInfo:
+      return "INFO";
+    case LogLevel::kWarning:
+      return "WARNING";
+    case LogLevel::kError:
+      return "ERROR";
+    case LogLevel::kFatal:
+      return "FATAL";
+  }
+  return "?";
+}
 
 void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
 LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load(std::memory_order_relaxed)); }

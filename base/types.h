@@ -85,6 +85,10 @@ int64_t NumElements(const TensorShape& shape);
 int64_t RowElements(const TensorShape& shape);
 // Where each of `counts` starts when they are laid out back to back (exclusive prefix sums).
 std::vector<int64_t> Displacements(const std::vector<int64_t>& counts);
+// Rows of dim 0 that `rank_in_set` receives from a reducescatter of `dim0` rows over
+// `set_size` ranks: the first dim0 % set_size ranks get one extra row.
+int64_t ReducescatterRows(int64_t dim0, int set_size, int rank_in_set);
+
 // "[128, 64]"; "[]" for a scalar.
 std::string ShapeToString(const TensorShape& shape);
 // "CPU" or "GPU:<ordinal>".
