@@ -68,6 +68,24 @@ Result<bool> ParseBool(const char* name, const std::string& raw) {
   return BadValue(name, raw, "one of 1, 0, true, false, yes, no, on, off");
 }
 
+// "0,2,4": CPU numbers, kept as written (the runtime picks its local rank's entry).
+Result<std::string> ParseCpuList(const char* name, const std::string& raw) {
+  const std::string v = Trim(raw);
+  bool digit = false;
+  for (char c : v) {
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      digit = true;
+    } else if (c == ',' && digit) {
+      digit = false;
+    } else if (!std::isspace(static_cast<unsigned char>(c))) {
+      digit = false;
+      break;
+    }
+  }
+  if (!digit) return BadValue(name, raw, "CPU numbers separated by commas, e.g. 0,2");
+  return v;
+}
+
 Result<LogLevel> ParseLogLevel(const char* name, const std::string& raw) {
   std::string v = Lower(Trim(raw));
   if (v == "trace") return LogLevel::kTrace;
@@ -95,6 +113,8 @@ const char* KindName(KnobKind kind) {
       return "level";
     case KnobKind::kPath:
       return "path";
+    case KnobKind::kCpuList:
+      return "cpu list";
   }
   return "?";
 }
@@ -115,6 +135,8 @@ Result<KnobValue<K>> Parse(const KnobSpec& s, const std::string& raw) {
     return ParseBool(s.name, raw);
   } else if constexpr (K == KnobKind::kLogLevel) {
     return ParseLogLevel(s.name, raw);
+  } else if constexpr (K == KnobKind::kCpuList) {
+    return ParseCpuList(s.name, raw);
   } else {
     return raw;
   }
@@ -201,6 +223,8 @@ std::string RangeText(KnobKind kind, double lo, double hi, const char* note) {
       return "trace, debug, info, warning (warn), error, fatal";
     case KnobKind::kPath:
       return *note ? std::string("a file path, or `") + note + "`" : "a file path";
+    case KnobKind::kCpuList:
+      return "CPU numbers separated by commas, one per local rank";
     default:
       break;
   }
@@ -376,7 +400,6 @@ constexpr ForeignSetting kHorovodSettings[] = {
     {"HOROVOD_DISABLE_GROUP_FUSION", "grouped members are fused like other tensors"},
     {"HOROVOD_ADASUM_MPI_CHUNK_SIZE", "Adasum is not supported"},
     {"HOROVOD_MPI_THREADS_DISABLE", "MPI is initialised with MPI_THREAD_MULTIPLE when asked"},
-    {"HOROVOD_THREAD_AFFINITY", "bind the ranks with mpirun --bind-to (or hvdrun)"},
     {"HOROVOD_LOG_HIDE_TIME", "log lines carry no time stamp"},
     {"HOROVOD_GLOO_RENDEZVOUS_ADDR", "there is no Gloo backend; launch with mpirun or hvdrun"},
     {"HOROVOD_GLOO_RENDEZVOUS_PORT", "there is no Gloo backend; launch with mpirun or hvdrun"},

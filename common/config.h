@@ -20,7 +20,7 @@
 
 namespace hvd {
 
-enum class KnobKind { kBytes, kInteger, kMilliseconds, kSeconds, kBool, kLogLevel, kPath };
+enum class KnobKind { kBytes, kInteger, kMilliseconds, kSeconds, kBool, kLogLevel, kPath, kCpuList };
 enum KnobAgreement : bool { kLocal = false, kAgree = true };
 
 // The C++ type of a knob of kind K.

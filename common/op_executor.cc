@@ -249,37 +249,45 @@ Status OpExecutor::ExecuteBroadcast(const Response& r, const Set& set,
   const int64_t elem = DataTypeSize(r.dtype);
   const int root = RootInSet(set.ranks, r.root_rank);
   const bool is_root = root == set.rank;
-
-  if (entries.size() == 1) {
-    TensorTableEntry& e = entries.front();
-    const int64_t bytes = r.tensor_sizes.front() * elem;
-    if (bytes == 0) return Status::OK();
+  // A broadcast does no arithmetic, so the fusion buffer only saves calls: a tensor worth a
+  // call of its own (at least the chunk size, or alone) goes straight from the root's memory
+  // into every rank's, with no copy in or out. Only the small ones share one call through
+  // the buffer. Every rank decides alike: sizes, dtype and chunk size are agreed.
+  const int64_t direct_bytes = chunk_bytes_ > 0 ? chunk_bytes_ : INT64_MAX;
+  std::vector<size_t> packed;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    TensorTableEntry& e = entries[i];
+    const int64_t bytes = r.tensor_sizes[i] * elem;
+    if (entries.size() > 1 && bytes < direct_bytes) {
+      packed.push_back(i);
+      continue;
+    }
+    if (bytes == 0) continue;
     if (is_root && e.input.data != e.output.data) Copy(e.output.data, e.input.data, bytes);
     counters_->broadcast_calls.fetch_add(1, std::memory_order_relaxed);
-    auto scope = Collective(OpType::kBroadcast);
-    return backend_->Broadcast(r.process_set_id, e.output.data, bytes, root);
+    auto scope = Collective(OpType::kBroadcast, i, i + 1);
+    HVD_RETURN_IF_ERROR(backend_->Broadcast(r.process_set_id, e.output.data, bytes, root));
   }
-
-  const int64_t total =
-      elem * std::accumulate(r.tensor_sizes.begin(), r.tensor_sizes.end(), int64_t{0});
+  int64_t total = 0;
+  for (size_t i : packed) total += r.tensor_sizes[i] * elem;
   if (total == 0) return Status::OK();
   uint8_t* buf = Buffer(0, total);
   if (is_root) {
-    auto scope = CopyIn();
+    auto scope = CopyIn(packed.front(), packed.back() + 1);
     int64_t offset = 0;
-    for (size_t i = 0; i < entries.size(); ++i) {
+    for (size_t i : packed) {
       Copy(buf + offset, entries[i].input.data, r.tensor_sizes[i] * elem);
       offset += r.tensor_sizes[i] * elem;
     }
   }
   counters_->broadcast_calls.fetch_add(1, std::memory_order_relaxed);
   {
-    auto scope = Collective(OpType::kBroadcast);
+    auto scope = Collective(OpType::kBroadcast, packed.front(), packed.back() + 1);
     HVD_RETURN_IF_ERROR(backend_->Broadcast(r.process_set_id, buf, total, root));
   }
-  auto scope = CopyOut();
+  auto scope = CopyOut(packed.front(), packed.back() + 1);
   int64_t offset = 0;
-  for (size_t i = 0; i < entries.size(); ++i) {
+  for (size_t i : packed) {
     Copy(entries[i].output.data, buf + offset, r.tensor_sizes[i] * elem);
     offset += r.tensor_sizes[i] * elem;
   }
@@ -298,37 +306,53 @@ Status OpExecutor::ExecuteAllgather(const Response& r, const Set& set,
     TensorTableEntry& e = entries[t];
     e.result->data = Allocate(ShapeResult(e, r.dtype, AllgatherRows(r, t, set.size)));
   }
-  counters_->allgather_calls.fetch_add(1, std::memory_order_relaxed);
-  if (count == 1) {
-    TensorTableEntry& e = entries.front();
-    const Layout l = AllgatherTensor(r, 0, set.size);
-    auto scope = Collective(OpType::kAllgather);
-    return backend_->Allgatherv(r.process_set_id, e.input.data, l.counts[set.rank],
-                                e.result->data.get(), l.counts, l.displs, r.dtype);
+  // Like broadcast: a tensor worth a call of its own (its gathered size at least the chunk
+  // size, or alone) is gathered straight from its input into its result, with no copies; the
+  // small ones share one call through the buffers. The sizes are agreed, so every rank
+  // decides alike.
+  const int64_t direct_bytes = chunk_bytes_ > 0 ? chunk_bytes_ : INT64_MAX;
+  Response small;  // the fused part: its tensors' sizes, rank_sizes tensor-major as in r
+  std::vector<size_t> packed;
+  for (size_t t = 0; t < count; ++t) {
+    const Layout l = AllgatherTensor(r, t, set.size);
+    if (count > 1 && l.total * elem < direct_bytes) {
+      packed.push_back(t);
+      small.tensor_sizes.push_back(r.tensor_sizes[t]);
+      small.rank_sizes.insert(small.rank_sizes.end(), r.rank_sizes.begin() + t * n,
+                              r.rank_sizes.begin() + (t + 1) * n);
+      continue;
+    }
+    counters_->allgather_calls.fetch_add(1, std::memory_order_relaxed);
+    auto scope = Collective(OpType::kAllgather, t, t + 1);
+    HVD_RETURN_IF_ERROR(backend_->Allgatherv(r.process_set_id, entries[t].input.data,
+                                             l.counts[set.rank], entries[t].result->data.get(),
+                                             l.counts, l.displs, r.dtype));
   }
+  if (packed.empty()) return Status::OK();
+  counters_->allgather_calls.fetch_add(1, std::memory_order_relaxed);
   // Fused: pack this rank's tensors, gather one block per rank, unpack tensor by tensor.
-  const Layout l = AllgatherFused(r, set.size);
+  const Layout l = AllgatherFused(small, set.size);
   uint8_t* send = Buffer(0, l.counts[set.rank] * elem);
   uint8_t* recv = Buffer(1, l.total * elem);
   {
-    auto scope = CopyIn();
+    auto scope = CopyIn(packed.front(), packed.back() + 1);
     int64_t offset = 0;
-    for (size_t t = 0; t < count; ++t) {
+    for (size_t t : packed) {
       const int64_t bytes = rows(t, set.rank) * r.tensor_sizes[t] * elem;
       Copy(send + offset, entries[t].input.data, bytes);
       offset += bytes;
     }
   }
   {
-    auto scope = Collective(OpType::kAllgather);
+    auto scope = Collective(OpType::kAllgather, packed.front(), packed.back() + 1);
     HVD_RETURN_IF_ERROR(backend_->Allgatherv(r.process_set_id, send, l.counts[set.rank], recv,
                                              l.counts, l.displs, r.dtype));
   }
-  auto scope = CopyOut();
+  auto scope = CopyOut(packed.front(), packed.back() + 1);
   std::vector<int64_t> out_offset(count, 0);
   for (size_t q = 0; q < n; ++q) {
     int64_t in_block = l.displs[q] * elem;
-    for (size_t t = 0; t < count; ++t) {
+    for (size_t t : packed) {
       const int64_t bytes = rows(t, q) * r.tensor_sizes[t] * elem;
       Copy(static_cast<uint8_t*>(entries[t].result->data.get()) + out_offset[t], recv + in_block,
            bytes);

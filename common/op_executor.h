@@ -10,7 +10,9 @@
 // (integers truncate toward zero) and then the postscale.
 //
 // Layouts of fused groups:
-//   allreduce / broadcast: tensors back to back.
+//   allreduce: tensors back to back (tensors of at least the chunk size are reduced in place).
+//   broadcast: the tensors under the chunk size back to back; bigger ones in place, a call
+//     each (a broadcast has no arithmetic for the buffer to batch).
 //   allgather: each rank sends its tensors back to back; the gathered buffer holds one block
 //     per rank, which is unpacked tensor by tensor.
 //   reducescatter: rank-major, so that rank r's rows of every tensor are contiguous and one

@@ -209,9 +209,13 @@ def _in_place_target(tensor, op):
     return tensor
 
 
-def _register(handle, kind, keep_alive, result):
-    device = _cuda_device_of(keep_alive if isinstance(keep_alive, (list, tuple))
-                             else [keep_alive])
+_UNKNOWN = object()
+
+
+def _register(handle, kind, keep_alive, result, device=_UNKNOWN):
+    if device is _UNKNOWN:
+        device = _cuda_device_of(keep_alive if isinstance(keep_alive, (list, tuple))
+                                 else [keep_alive])
     with _handle_lock:
         _handle_map[handle] = (kind, keep_alive, result, device)
     return handle
@@ -282,8 +286,13 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     op = handle_average_backwards_compatibility(op, average)
     _check_tensor(tensor, "allreduce")
     target = _in_place_target(tensor, "allreduce_")
-    return _allreduce_async(target, target, name, op, prescale_factor, postscale_factor,
-                            process_set)
+    # The per-gradient hot path: one description serves as input and output.
+    desc = _describe(target)
+    handle = _core.allreduce_async(desc, desc, _op_name("allreduce", name), op,
+                                   float(prescale_factor), float(postscale_factor),
+                                   _process_set_id(process_set))
+    return _register(handle, "single", target, target,
+                     None if desc[3] == _core.CPU_DEVICE else target.device)
 
 
 class HorovodAllreduce(torch.autograd.Function):

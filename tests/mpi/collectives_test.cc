@@ -87,6 +87,42 @@ TEST(Allgather, ZeroRowsOnSomeRanksAndGroupedAllgather) {
   }
 }
 
+TEST(Allgather, AGroupMixingTensorsAboveAndBelowTheChunkSizeIsGatheredExactly) {
+  // Tensors gathering to at least HOROVOD_COLLECTIVE_CHUNK_BYTES (1 MiB by default) go
+  // straight into their results, the others through the fusion buffer, in one group: small,
+  // big, small. Rank r contributes r + 1 rows.
+  const int64_t big_cols = (int64_t{1} << 20) / 4 / N() + 1;  // > 1 MiB gathered
+  std::vector<float> s1((R() + 1) * 3), big((R() + 1) * big_cols), s2((R() + 1) * 5);
+  auto fill = [](std::vector<float>& v, float base) {
+    for (size_t i = 0; i < v.size(); ++i) v[i] = base + static_cast<float>(i % 1000);
+  };
+  fill(s1, R() * 10000.0f);
+  fill(big, -R() * 10000.0f);
+  fill(s2, R() * 20000.0f + 7);
+  auto h = EnqueueGroupedAllgather({View(s1.data(), {R() + 1, 3}),
+                                    View(big.data(), {R() + 1, big_cols}),
+                                    View(s2.data(), {R() + 1, 5})},
+                                   "ag.mixed");
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  Result<std::vector<Output>> out = WaitOutputs(*h);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ASSERT_EQ(out->size(), 3u);
+  const int64_t rows = N() * (N() + 1) / 2;
+  const int64_t cols[] = {3, big_cols, 5};
+  const float base[] = {10000.0f, -10000.0f, 20000.0f};
+  for (size_t t = 0; t < 3; ++t) {
+    ASSERT_EQ((*out)[t].shape, (TensorShape{rows, cols[t]})) << "tensor " << t;
+    const float* g = static_cast<const float*>((*out)[t].data.get());
+    int64_t at = 0;
+    for (int r = 0; r < N(); ++r) {
+      for (int64_t i = 0; i < (r + 1) * cols[t]; ++i, ++at) {
+        const float want = r * base[t] + (t == 2 ? 7 : 0) + static_cast<float>(i % 1000);
+        ASSERT_EQ(g[at], want) << "tensor " << t << " rank " << r << " element " << i;
+      }
+    }
+  }
+}
+
 TEST(Allgather, MismatchedTrailingDimensionsFailOnEveryRank) {
   std::vector<int32_t> x(2 * (R() + 2), 1);
   Result<Output> out = Allgather(View(x.data(), {2, R() + 2}), "ag.bad");

@@ -42,7 +42,8 @@ TEST(Config, ParsesEveryKnob) {
                             {"HOROVOD_STALL_CHECK_TIME_SECONDS", "5"},
                             {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "10"},
                             {"HOROVOD_TIMELINE", "/tmp/t.json"},
-                            {"HOROVOD_TIMELINE_MARK_CYCLES", "true"}});
+                            {"HOROVOD_TIMELINE_MARK_CYCLES", "true"},
+                            {"HOROVOD_THREAD_AFFINITY", " 0, 3,1 "}});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->fusion_threshold_bytes, 0);
   EXPECT_EQ(c->collective_chunk_bytes, 1048576);
@@ -53,6 +54,7 @@ TEST(Config, ParsesEveryKnob) {
   EXPECT_EQ(c->stall_shutdown_time_seconds, 10.0);
   EXPECT_EQ(c->timeline_path, "/tmp/t.json");
   EXPECT_TRUE(c->timeline_mark_cycles);
+  EXPECT_EQ(c->thread_affinity, "0, 3,1");
   EXPECT_TRUE(c->warnings.empty());
 }
 
@@ -90,6 +92,9 @@ TEST(Config, MalformedValuesFailNamingVariableAndValue) {
        "HOROVOD_STALL_CHECK_TIME_SECONDS='-1' is not valid"},
       {"HOROVOD_TIMELINE_MARK_CYCLES", "maybe",
        "HOROVOD_TIMELINE_MARK_CYCLES='maybe' is not valid: expected one of 1, 0, true, false"},
+      {"HOROVOD_THREAD_AFFINITY", "0,,1", "HOROVOD_THREAD_AFFINITY='0,,1' is not valid"},
+      {"HOROVOD_THREAD_AFFINITY", "0,", "HOROVOD_THREAD_AFFINITY='0,' is not valid"},
+      {"HOROVOD_THREAD_AFFINITY", "cpu0", "HOROVOD_THREAD_AFFINITY='cpu0' is not valid"},
   };
   for (const BadValue& bad : cases) {
     Result<Config> c = Parse({{bad.name, bad.value}});
@@ -125,7 +130,8 @@ TEST(Config, KnobTableDescribesEveryKnobOnce) {
                                              "HOROVOD_TIMELINE",
                                              "HOROVOD_TIMELINE_MARK_CYCLES",
                                              "HOROVOD_DYNAMIC_PROCESS_SETS",
-                                             "HOROVOD_STALL_CHECK_DISABLE"};
+                                             "HOROVOD_STALL_CHECK_DISABLE",
+                                             "HOROVOD_THREAD_AFFINITY"};
   EXPECT_EQ(names, expected);
   const std::string text = KnobsMarkdown();
   for (const std::string& n : expected) EXPECT_NE(text.find(n), std::string::npos) << n;
