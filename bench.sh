@@ -52,7 +52,7 @@ fi
   echo "# training throughput vs torch DDP (gloo)"
   "${MPIRUN[@]}" .venv/bin/python examples/bench/synthetic_train.py "${ST[@]}"
   echo "# the same under plain mpirun -np 2 (default binding)"
-  "${PLAIN[@]}" .venv/bin/python examples/bench/synthetic_train.py "${ST[@]}" --ids T3,T4 \
+  "${PLAIN[@]}" .venv/bin/python examples/bench/synthetic_train.py "${ST[@]}" --ids T5,T6 \
     --label _plain_mpirun
   echo "# many small tensors from Python vs one mpi4py Allreduce per tensor"
   "${MPIRUN[@]}" .venv/bin/python examples/bench/python_path.py --id P1 --label hvdrun "${PP[@]}"

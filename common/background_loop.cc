@@ -19,10 +19,18 @@
 namespace hvd {
 namespace {
 
+// CPUs as a bit mask (the first kCpuMaskWords * 64), for the agreement below.
+constexpr int kCpuMaskWords = 16;
+
 // Where the background thread runs (HOROVOD_THREAD_AFFINITY; docs/config.md). Plain mpirun
 // binds each rank to one core, which the thread would then share with the training thread it
-// exists to overlap with; it is let out to every CPU instead (measured in docs/performance.md).
-void PlaceBackgroundThread(const std::string& affinity, int local_rank) {
+// exists to overlap with. It is let out onto the CPUs no rank is bound to (`free_cpus`, agreed
+// by all ranks), and keeps its rank's binding when there are none: on a machine with a core
+// per rank and nothing spare, a background thread on another rank's core slowed that rank's
+// compute (docs/performance.md).
+void PlaceBackgroundThread(const std::string& affinity, const ops::Topology& topology,
+                           const std::vector<int>& free_cpus) {
+  const int local_rank = topology.local_rank;
   if (!affinity.empty()) {
     std::vector<int> cpus;
     for (size_t at = 0; at <= affinity.size();) {
@@ -40,19 +48,47 @@ void PlaceBackgroundThread(const std::string& affinity, int local_rank) {
     return;
   }
   const std::vector<int> bound = ThreadCpus();
-  const int online = OnlineCpus();
-  if (bound.size() != 1 || online < 2) return;
-  std::vector<int> all(static_cast<size_t>(online));
-  for (int c = 0; c < online; ++c) all[static_cast<size_t>(c)] = c;
-  const Status widened = SetThreadCpus(all);
+  if (bound.size() != 1) return;
+  if (free_cpus.empty()) {
+    if (topology.rank == 0) {
+      // Not a warning: which is faster depends on the model (docs/performance.md).
+      HVD_LOG(INFO) << "each rank is bound to one CPU and none is spare, so horovod_cpp's "
+                       "background thread shares its rank's CPU with the training thread; "
+                       "hvdrun (mpirun --bind-to none) leaves ranks unbound instead";
+    }
+    return;
+  }
+  std::vector<int> cpus = free_cpus;
+  cpus.push_back(bound.front());
+  std::sort(cpus.begin(), cpus.end());
+  const Status widened = SetThreadCpus(cpus);
   if (widened.ok()) {
     HVD_LOG(INFO) << "this rank is bound to CPU " << bound.front()
-                  << "; its background thread runs on CPUs " << CpusToString(all)
-                  << " instead (HOROVOD_THREAD_AFFINITY pins it)";
+                  << "; its background thread runs on CPUs " << CpusToString(cpus)
+                  << " (HOROVOD_THREAD_AFFINITY pins it)";
   } else {
     HVD_LOG(INFO) << "the background thread shares the rank's single CPU: "
                   << widened.message();
   }
+}
+
+// The CPUs of this machine that no rank's thread is bound to: each rank offers the CPUs it is
+// not bound to, and one AND across ranks keeps those offered by all. Conservative across hosts
+// (a CPU number busy on one host counts as busy everywhere). Every rank calls it at Init.
+Result<std::vector<int>> CpusNoRankIsBoundTo(ops::Backend* backend) {
+  std::vector<uint64_t> offered(kCpuMaskWords, 0);
+  const std::vector<int> mine = ThreadCpus();
+  for (int c = 0; c < std::min(OnlineCpus(), kCpuMaskWords * 64); ++c) {
+    if (!std::binary_search(mine.begin(), mine.end(), c)) {
+      offered[static_cast<size_t>(c / 64)] |= uint64_t{1} << (c % 64);
+    }
+  }
+  HVD_RETURN_IF_ERROR(backend->AllreduceBitsAnd(offered.data(), kCpuMaskWords));
+  std::vector<int> free_cpus;
+  for (int c = 0; c < kCpuMaskWords * 64; ++c) {
+    if (offered[static_cast<size_t>(c / 64)] >> (c % 64) & 1) free_cpus.push_back(c);
+  }
+  return free_cpus;
 }
 
 }  // namespace
@@ -129,7 +165,6 @@ void BackgroundLoop::ThreadMain() {
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 #endif
   Status status = Initialize();
-  if (status.ok()) PlaceBackgroundThread(config_.thread_affinity, topology_.local_rank);
   if (!status.ok()) {
     executor_.reset();
     controller_.reset();
@@ -162,6 +197,8 @@ Status BackgroundLoop::Initialize() {
   sets_->Reset(topology_.size, topology_.rank);
   HVD_RETURN_IF_ERROR(config_.AgreeWithRank0(
       [this](std::vector<uint8_t>* bytes) { return backend_->BroadcastBytes(bytes, 0); }));
+  HVD_ASSIGN_OR_RETURN(std::vector<int> free_cpus, CpusNoRankIsBoundTo(backend_.get()));
+  PlaceBackgroundThread(config_.thread_affinity, topology_, free_cpus);
   if (topology_.rank == 0) timeline_ = std::make_unique<timeline::Timeline>();
   controller_ = std::make_unique<Controller>(backend_.get(), config_, sets_, counters_,
                                              timeline_.get());

@@ -12,13 +12,6 @@
 namespace hvd {
 namespace {
 
-// A runtime-owned result buffer (at least one byte, so that empty results have an address).
-std::shared_ptr<void> Allocate(int64_t bytes) {
-  void* p = std::malloc(static_cast<size_t>(std::max<int64_t>(bytes, 1)));
-  HVD_CHECK(p != nullptr);
-  return std::shared_ptr<void>(p, std::free);
-}
-
 void Copy(void* dst, const void* src, int64_t bytes) {
   if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
 }
@@ -304,7 +297,7 @@ Status OpExecutor::ExecuteAllgather(const Response& r, const Set& set,
   // Allocate every result: dim 0 is the sum over ranks; the other dims are this rank's.
   for (size_t t = 0; t < count; ++t) {
     TensorTableEntry& e = entries[t];
-    e.result->data = Allocate(ShapeResult(e, r.dtype, AllgatherRows(r, t, set.size)));
+    e.result->data = results_.Allocate(ShapeResult(e, r.dtype, AllgatherRows(r, t, set.size)));
   }
   // Like broadcast: a tensor worth a call of its own (its gathered size at least the chunk
   // size, or alone) is gathered straight from its input into its result, with no copies; the
@@ -367,7 +360,7 @@ Status OpExecutor::ExecuteAlltoall(const Response& r, const Set& set,
                                    std::vector<TensorTableEntry>& entries) {
   const AlltoallLayout l = AlltoallOf(r, set.size, set.rank);
   TensorTableEntry& e = entries.front();
-  e.result->data = Allocate(ShapeResult(e, r.dtype, l.rows_in));
+  e.result->data = results_.Allocate(ShapeResult(e, r.dtype, l.rows_in));
   e.result->received_splits = l.received_rows;
   counters_->alltoall_calls.fetch_add(1, std::memory_order_relaxed);
   auto scope = Collective(OpType::kAlltoall);

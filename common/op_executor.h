@@ -34,6 +34,7 @@
 #include "common/counters.h"
 #include "common/message.h"
 #include "common/process_set.h"
+#include "common/result_pool.h"
 #include "common/tensor_queue.h"
 #include "ops/backend.h"
 #include "ops/device.h"
@@ -43,6 +44,9 @@ namespace hvd {
 
 class OpExecutor {
  public:
+  // Result memory kept for reuse after the framework releases it (result_pool.h).
+  static constexpr int64_t kMaxCachedResultBytes = int64_t{256} << 20;
+
   // `timeline` is null except on the rank that records one. `chunk_bytes` bounds each
   // collective call on a host buffer (Config::collective_chunk_bytes; 0 = no bound).
   // `device` runs CUDA tensors (null in builds without NCCL).
@@ -143,6 +147,8 @@ class OpExecutor {
     void operator()(uint8_t* p) const;
   };
   std::unique_ptr<uint8_t, FreeDeleter> buffers_[2];
+  // Allgather and alltoall results (host memory), reused across calls of the same size.
+  ResultPool results_{kMaxCachedResultBytes};
   int64_t buffer_bytes_[2] = {0, 0};
 };
 

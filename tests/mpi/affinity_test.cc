@@ -1,7 +1,7 @@
 // horovod_cpp — Apache-2.0
 // Where the background thread runs (HOROVOD_THREAD_AFFINITY, docs/config.md): a rank bound to
-// one CPU (as plain mpirun binds) lets it out to every CPU; HOROVOD_THREAD_AFFINITY pins it to
-// its local rank's entry. The thread's CPUs are read from /proc (Cpus_allowed_list of the task
+// one CPU (as plain mpirun binds) lets it out onto the CPUs no rank is bound to, and keeps the
+// binding when there are none; HOROVOD_THREAD_AFFINITY pins it to its local rank's entry. The thread's CPUs are read from /proc (Cpus_allowed_list of the task
 // named hvd-bg), independently of the code that set them.
 
 #include <gtest/gtest.h>
@@ -69,11 +69,21 @@ void RestartBoundTo(const std::vector<int>& cpus) {
   ASSERT_TRUE(SetThreadCpus(AllCpus()).ok());  // this thread only; the loop's keeps its own
 }
 
-TEST(Affinity, ARankBoundToOneCpuLetsItsBackgroundThreadRunOnEveryCpu) {
+TEST(Affinity, RanksBoundToOneCpuLetTheirBackgroundThreadsOntoTheCpusNoRankIsBoundTo) {
   if (OnlineCpus() < 2) GTEST_SKIP() << "one CPU: nothing to widen";
-  const int mine = test::R() % OnlineCpus();
+  RestartBoundTo({0});  // every rank on CPU 0: all the others are free
+  EXPECT_EQ(BackgroundThreadCpus(), AllCpus());
+}
+
+TEST(Affinity, ABackgroundThreadKeepsItsRanksCpuWhenNoCpuIsFree) {
+  // Rank r on CPU r % n, as mpirun binds: free are the CPUs no rank got (none once np >= n).
+  const int n = OnlineCpus(), mine = test::R() % n;
   RestartBoundTo({mine});
-  EXPECT_EQ(BackgroundThreadCpus(), AllCpus()) << "rank bound to CPU " << mine;
+  std::vector<int> expected;
+  for (int c = 0; c < n; ++c) {
+    if (c == mine || c >= test::N()) expected.push_back(c);
+  }
+  EXPECT_EQ(BackgroundThreadCpus(), expected) << "rank bound to CPU " << mine;
   int32_t x = 1;
   AllreduceOptions sum;
   sum.op = ReduceOp::kSum;
