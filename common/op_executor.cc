@@ -49,6 +49,10 @@ OpExecutor::Activity::~Activity() {
   if (ex_) ex_->timeline_->End(rows_);
 }
 
+bool OpExecutor::RunsAlone(int64_t elements, size_t tensors, DataType dtype) const {
+  return tensors == 1 || elements >= ChunkElements(dtype);
+}
+
 int64_t OpExecutor::ChunkElements(DataType dtype) const {
   if (chunk_bytes_ <= 0) return INT64_MAX;
   return std::max<int64_t>(1, chunk_bytes_ / DataTypeSize(dtype));
@@ -133,12 +137,11 @@ void OpExecutor::FinishReduction(const Response& r, const Set& set, void* buf, i
 Status OpExecutor::ExecuteAllreduce(const Response& r, const Set& set,
                                     std::vector<TensorTableEntry>& entries) {
   const ReduceOp op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
-  const int64_t chunk = ChunkElements(r.dtype);
   std::vector<size_t> packed;
   for (size_t i = 0; i < entries.size(); ++i) {
     const int64_t n = r.tensor_sizes[i];
     if (n == 0) continue;
-    if (entries.size() == 1 || n >= chunk) {
+    if (RunsAlone(n, entries.size(), r.dtype)) {
       HVD_RETURN_IF_ERROR(ReduceDirect(r, set, i, entries[i], n, op));
     } else {
       packed.push_back(i);
@@ -246,12 +249,11 @@ Status OpExecutor::ExecuteBroadcast(const Response& r, const Set& set,
   // call of its own (at least the chunk size, or alone) goes straight from the root's memory
   // into every rank's, with no copy in or out. Only the small ones share one call through
   // the buffer. Every rank decides alike: sizes, dtype and chunk size are agreed.
-  const int64_t direct_bytes = chunk_bytes_ > 0 ? chunk_bytes_ : INT64_MAX;
   std::vector<size_t> packed;
   for (size_t i = 0; i < entries.size(); ++i) {
     TensorTableEntry& e = entries[i];
     const int64_t bytes = r.tensor_sizes[i] * elem;
-    if (entries.size() > 1 && bytes < direct_bytes) {
+    if (!RunsAlone(r.tensor_sizes[i], entries.size(), r.dtype)) {
       packed.push_back(i);
       continue;
     }
@@ -303,12 +305,11 @@ Status OpExecutor::ExecuteAllgather(const Response& r, const Set& set,
   // size, or alone) is gathered straight from its input into its result, with no copies; the
   // small ones share one call through the buffers. The sizes are agreed, so every rank
   // decides alike.
-  const int64_t direct_bytes = chunk_bytes_ > 0 ? chunk_bytes_ : INT64_MAX;
   Response small;  // the fused part: its tensors' sizes, rank_sizes tensor-major as in r
   std::vector<size_t> packed;
   for (size_t t = 0; t < count; ++t) {
     const Layout l = AllgatherTensor(r, t, set.size);
-    if (count > 1 && l.total * elem < direct_bytes) {
+    if (!RunsAlone(l.total, count, r.dtype)) {
       packed.push_back(t);
       small.tensor_sizes.push_back(r.tensor_sizes[t]);
       small.rank_sizes.insert(small.rank_sizes.end(), r.rank_sizes.begin() + t * n,

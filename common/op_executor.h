@@ -124,6 +124,10 @@ class OpExecutor {
                       std::vector<TensorTableEntry>& entries, ReduceOp op);
   // Elements per collective call for `dtype`.
   int64_t ChunkElements(DataType dtype) const;
+  // Whether a tensor of `elements` (gathered, for allgather) in a response of `tensors` gets
+  // a collective call of its own on its own memory, skipping the fusion buffer: alone, or at
+  // least a chunk. The one rule of allreduce, broadcast and allgather.
+  bool RunsAlone(int64_t elements, size_t tensors, DataType dtype) const;
 
   // Sets the runtime-allocated result of `e` (allgather, alltoall) to `dtype` with `e`'s shape
   // but `dim0` rows; returns its size in bytes (the caller allocates where the data lives).
