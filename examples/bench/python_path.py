@@ -16,11 +16,7 @@ import torch
 from mpi4py import MPI
 
 import horovod_cpp.torch as hvd
-
-
-def percentile(values, p):
-    values = sorted(values)
-    return values[int(p * (len(values) - 1))]
+from bench_models import percentile
 
 
 def main():

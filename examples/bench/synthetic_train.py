@@ -18,34 +18,14 @@ import torch
 import torch.distributed as dist
 
 import horovod_cpp.torch as hvd
-
-
-def small_cnn():
-    return torch.nn.Sequential(
-        torch.nn.Conv2d(1, 16, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(16, 32, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(), torch.nn.Linear(32 * 5 * 5, 64), torch.nn.ReLU(),
-        torch.nn.Linear(64, 10))
-
-
-def big_mlp():
-    layers = []
-    for _ in range(9):
-        layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
-    layers.append(torch.nn.Linear(1024, 10))
-    return torch.nn.Sequential(*layers)
+from bench_models import mlp_factory, percentile, small_cnn
 
 
 MODELS = {
     # name: (constructor, input shape without batch, per-rank batch, target)
     "synthetic_cnn": (small_cnn, (1, 28, 28), 64, 1.0),
-    "synthetic_mlp_10M": (big_mlp, (1024,), 2, 1.3),
+    "synthetic_mlp_10M": (mlp_factory(9, 1024), (1024,), 2, 1.3),
 }
-
-
-def percentile(values, p):
-    values = sorted(values)
-    return values[int(p * (len(values) - 1))]
 
 
 def run(name, args, rank, size):

@@ -17,6 +17,10 @@ import time
 
 import torch
 
+from bench_models import mlp_factory, percentile, small_cnn
+
+MLP24 = mlp_factory(24, 512)
+
 
 def resnet50_shapes():
     """The 161 parameter shapes of torchvision's ResNet-50 (25.6 M floats)."""
@@ -31,11 +35,6 @@ def resnet50_shapes():
                 shapes += [(planes * 4, inplanes, 1, 1), (planes * 4,), (planes * 4,)]
             inplanes = planes * 4
     return shapes + [(1000, 2048), (1000,)]
-
-
-def percentile(values, p):
-    values = sorted(values)
-    return values[int(p * (len(values) - 1))]
 
 
 class Bench(object):
@@ -210,29 +209,13 @@ class Bench(object):
         return samples / p50 * 1000.0, samples / p90 * 1000.0, "samples/s", check
 
     def mlp(self):
-        return self.train(mlp24, (512,), 8, 10, self.blocks)
+        return self.train(MLP24, (512,), 8, 10, self.blocks)
 
     def mlp_passes2(self):
-        return self.train(mlp24, (512,), 8, 5, self.blocks, passes=2)
+        return self.train(MLP24, (512,), 8, 5, self.blocks, passes=2)
 
     def cnn(self):
         return self.train(small_cnn, (1, 28, 28), 64, 10, self.blocks)
-
-
-def mlp24():
-    layers = []
-    for _ in range(24):
-        layers += [torch.nn.Linear(512, 512), torch.nn.ReLU()]
-    layers.append(torch.nn.Linear(512, 10))
-    return torch.nn.Sequential(*layers)
-
-
-def small_cnn():
-    return torch.nn.Sequential(
-        torch.nn.Conv2d(1, 16, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(16, 32, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(), torch.nn.Linear(32 * 5 * 5, 64), torch.nn.ReLU(),
-        torch.nn.Linear(64, 10))
 
 
 # (id, method, what); "lower" figures are times, "higher" ones rates.
