@@ -14,6 +14,7 @@
 #include "base/logging.h"
 #include "common/controller.h"
 #include "common/fusion_planner.h"
+#include "common/handle_table.h"
 #include "common/op_executor.h"
 
 namespace hvd {
@@ -224,8 +225,9 @@ Status BackgroundLoop::Loop() {
 
   while (true) {
     if (!follow_up) {
-      queue_->WaitForWork(last_cycle +
-                          (idle ? std::chrono::steady_clock::duration(kIdleWait) : cycle_time));
+      queue_->WaitForWork(
+          last_cycle + (idle ? std::chrono::steady_clock::duration(kIdleWait) : cycle_time),
+          kBurstGap, cycle_time);
     }
     last_cycle = std::chrono::steady_clock::now();
     std::vector<Request> fresh = queue_->PopNewRequests();
@@ -301,8 +303,11 @@ Result<size_t> BackgroundLoop::Execute(const Response& group, const std::vector<
   // find its operation recorded and counted.
   if (rows) timeline_->End(*rows);  // <OP>
   counters_->tensors_completed.fetch_add(mine, std::memory_order_relaxed);
-  for (TensorTableEntry& e : entries) {
-    if (e.callback) e.callback(status);
+  {
+    HandleTable::DeferWakeups wake_once;  // the group's waiters wake when all of it is done
+    for (TensorTableEntry& e : entries) {
+      if (e.callback) e.callback(status);
+    }
   }
   if (status.code() == StatusCode::kUnavailable) return status;  // the transport is gone
   return mine + failed_elsewhere;

@@ -15,7 +15,10 @@
 //    (each behind one mutex) and in relaxed atomic counters.
 //
 // Waiting: the thread sleeps on the TensorQueue's condition variable. Enqueueing wakes it at
-// once, so a lone small tensor is not held for a cycle. A cycle in which some rank submitted
+// once, so a lone small tensor is not held for a cycle; it then gathers the rest of a burst
+// (more submissions less than kBurstGap apart, nobody waiting on a handle yet, for
+// HOROVOD_CYCLE_TIME at most), so that a loop of submissions is negotiated in one cycle and
+// the thread does not compete for the CPU with the thread that is submitting. A cycle in which some rank submitted
 // something that is not yet agreed is followed at once by another (the other ranks' copies are
 // usually microseconds behind, and their threads may already be waiting in the next cycle's
 // vote). Otherwise it wakes after HOROVOD_CYCLE_TIME while any rank has work outstanding, and
@@ -50,6 +53,8 @@ class BackgroundLoop {
   // How long an idle rank (no work outstanding on any rank) sleeps between cycles. It bounds
   // how long a shutdown on another rank takes to propagate to an idle rank.
   static constexpr std::chrono::milliseconds kIdleWait{100};
+  // The pause in submissions that ends a burst (a Python allreduce_async_ takes ~5 us).
+  static constexpr std::chrono::microseconds kBurstGap{100};
 
   BackgroundLoop(TensorQueue* queue, ProcessSetTable* sets, Counters* counters);
   ~BackgroundLoop();

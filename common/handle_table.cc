@@ -1,7 +1,28 @@
 // horovod_cpp — Apache-2.0
 #include "common/handle_table.h"
 
+#include <algorithm>
+
 namespace hvd {
+
+namespace {
+// Per thread: how many DeferWakeups are open, and the tables owing their waiters a wake-up.
+thread_local int t_defer_depth = 0;
+thread_local std::vector<HandleTable*> t_deferred;
+}  // namespace
+
+HandleTable::DeferWakeups::DeferWakeups() {
+  ++t_defer_depth;
+}
+
+HandleTable::DeferWakeups::~DeferWakeups() {
+  if (--t_defer_depth > 0) return;
+  std::vector<HandleTable*> owed;
+  owed.swap(t_deferred);
+  for (HandleTable* table : owed) table->WakeWaiters();
+}
+
+void HandleTable::WakeWaiters() { cv_.NotifyAll(); }
 
 Status HandleTable::Unknown(Handle handle) {
   return Status::InvalidArgument("unknown handle " + std::to_string(handle) +
@@ -16,6 +37,7 @@ Handle HandleTable::Allocate() {
 }
 
 void HandleTable::Complete(Handle handle, const Status& status, std::vector<Output> outputs) {
+  bool awaited = false;
   {
     MutexLock lock(mu_);
     auto it = states_.find(handle);
@@ -23,8 +45,16 @@ void HandleTable::Complete(Handle handle, const Status& status, std::vector<Outp
     it->second.done = true;
     it->second.status = status;
     it->second.outputs = std::move(outputs);
+    awaited = it->second.waiters > 0;
   }
-  cv_.NotifyAll();
+  // Only a handle someone waits on wakes the waiters: a fused buffer of 100 tensors completes
+  // 100 handles, and the thread waiting on one of them should wake once, not 100 times.
+  if (!awaited) return;
+  if (t_defer_depth == 0) {
+    WakeWaiters();
+  } else if (std::find(t_deferred.begin(), t_deferred.end(), this) == t_deferred.end()) {
+    t_deferred.push_back(this);
+  }
 }
 
 void HandleTable::Release(Handle handle) {
@@ -50,7 +80,10 @@ Result<std::vector<Output>> HandleTable::WaitOutputs(Handle handle) {
   // Another thread waiting on the same handle may release it first.
   for (auto i = states_.find(handle); i != states_.end() && !i->second.done;
        i = states_.find(handle)) {
+    ++i->second.waiters;
     cv_.Wait(lock);
+    auto again = states_.find(handle);
+    if (again != states_.end()) --again->second.waiters;
   }
   auto it = states_.find(handle);
   if (it == states_.end()) return Unknown(handle);

@@ -36,9 +36,25 @@ class HandleTable {
 
   size_t size() const;
 
+  // While one of these lives on a thread, the Completes that thread makes wake no waiter until
+  // it ends (then one wake-up per table). The background thread completes a fused group's
+  // handles under one: a thread waiting on the first of 100 handles would otherwise be woken,
+  // preempt the background thread on a shared core, find the next handle not yet complete and
+  // sleep again, 100 times over.
+  class DeferWakeups {
+   public:
+    DeferWakeups();
+    ~DeferWakeups();
+    DeferWakeups(const DeferWakeups&) = delete;
+    DeferWakeups& operator=(const DeferWakeups&) = delete;
+  };
+
  private:
+  void WakeWaiters();
+
   struct State {
     bool done = false;
+    int waiters = 0;  // threads blocked in WaitOutputs on this handle
     Status status;
     std::vector<Output> outputs;
   };

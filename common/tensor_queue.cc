@@ -42,8 +42,11 @@ Status TensorQueue::Add(std::vector<TensorTableEntry> entries, Handle handle) {
 }
 
 void TensorQueue::BeginWait(Handle handle) {
-  MutexLock lock(mu_);
-  ++waiting_[handle];
+  {
+    MutexLock lock(mu_);
+    ++waiting_[handle];
+  }
+  cv_.NotifyOne();  // ends a gathering background thread's wait (WaitForWork)
 }
 
 void TensorQueue::EndWait(Handle handle) {
@@ -155,10 +158,25 @@ size_t TensorQueue::FailProcessSet(int32_t process_set_id, const Status& status)
   return failed.size() - unpopped;
 }
 
-void TensorQueue::WaitForWork(Clock::time_point deadline) {
+void TensorQueue::WaitForWork(Clock::time_point deadline, Clock::duration gap,
+                              Clock::duration longest_gather) {
   UniqueLock lock(mu_);
   while (new_requests_.empty() && !shutdown_requested_) {
     if (!cv_.WaitUntil(lock, deadline)) break;
+  }
+  if (new_requests_.empty() || gap <= Clock::duration::zero()) return;
+  // Gather the rest of a burst: a thread submitting one tensor after another (a Python loop of
+  // allreduce_async_, backward hooks firing) gets its tensors negotiated in one cycle, and this
+  // thread stays off the CPU the submitting thread needs meanwhile. Ends as soon as a thread
+  // blocks on a handle (BeginWait notifies), submissions pause for `gap`, or after
+  // `longest_gather`.
+  const Clock::time_point gather_end = Clock::now() + longest_gather;
+  while (waiting_.empty() && !shutdown_requested_) {
+    const size_t seen = new_requests_.size();
+    const Clock::time_point until = std::min(gather_end, Clock::now() + gap);
+    cv_.WaitUntil(lock, until);
+    if (Clock::now() >= gather_end) break;
+    if (new_requests_.size() == seen && waiting_.empty()) break;  // the burst is over
   }
 }
 

@@ -74,8 +74,11 @@ class TensorQueue {
   std::vector<std::optional<TensorTableEntry>> Take(int32_t process_set_id,
                                                     const std::vector<std::string>& names);
 
-  // Background thread. Blocks until new requests arrive, shutdown is requested, or `deadline`.
-  void WaitForWork(Clock::time_point deadline);
+  // Background thread. Blocks until new requests arrive, shutdown is requested, or `deadline`;
+  // then, unless `gap` is zero, goes on collecting requests while they keep arriving less than
+  // `gap` apart and no thread waits on a handle, for `longest_gather` at most.
+  void WaitForWork(Clock::time_point deadline, Clock::duration gap = Clock::duration::zero(),
+                   Clock::duration longest_gather = Clock::duration::zero());
 
   // Any thread. Asks the background thread to start a negotiated shutdown.
   void RequestShutdown();

@@ -177,6 +177,79 @@ TEST(TensorQueue, ShutdownRequestWakesTheWaiter) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
 
+// A burst of submissions less than the gap apart is collected in one wake-up; the generous
+// gap (10 s) against 2 ms spacing keeps the test independent of the machine's speed.
+TEST(TensorQueue, GathersABurstOfSubmissions) {
+  TensorQueue q;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread producer([&] {
+    for (int i = 0; i < 5; ++i) {
+      ASSERT_TRUE(q.Add(One(Entry("b" + std::to_string(i))), NextHandle()).ok());
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    q.BeginWait(12345);  // the submitting thread now blocks on a handle: the burst is over
+  });
+  q.WaitForWork(start + std::chrono::seconds(30), std::chrono::seconds(10),
+                std::chrono::seconds(30));
+  producer.join();
+  EXPECT_EQ(q.PopNewRequests().size(), 5u);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(9));
+}
+
+TEST(TensorQueue, GatheringEndsWhenSubmissionsPauseOrAtTheLongestGather) {
+  TensorQueue q;
+  ASSERT_TRUE(q.Add(One(Entry("a")), NextHandle()).ok());
+  auto start = std::chrono::steady_clock::now();
+  q.WaitForWork(start + std::chrono::seconds(30), std::chrono::milliseconds(5),
+                std::chrono::seconds(30));  // nothing more comes: ends after one 5 ms gap
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_EQ(q.PopNewRequests().size(), 1u);
+
+  std::atomic<bool> stop{false};
+  std::thread producer([&] {  // submits every millisecond until told to stop
+    for (int i = 0; !stop && i < 100000; ++i) {
+      ASSERT_TRUE(q.Add(One(Entry("c" + std::to_string(i))), NextHandle()).ok());
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  start = std::chrono::steady_clock::now();
+  q.WaitForWork(start + std::chrono::seconds(30), std::chrono::seconds(10),
+                std::chrono::milliseconds(50));  // a gap never comes: the cap ends it
+  const auto took = std::chrono::steady_clock::now() - start;
+  stop = true;
+  producer.join();
+  EXPECT_GE(took, std::chrono::milliseconds(50));
+  EXPECT_LT(took, std::chrono::seconds(9));
+  EXPECT_FALSE(q.PopNewRequests().empty());
+}
+
+TEST(HandleTable, DeferredWakeupsAreDeliveredWhenTheScopeEnds) {
+  HandleTable t;
+  std::vector<Handle> handles;
+  for (int i = 0; i < 3; ++i) handles.push_back(t.Allocate());
+  std::atomic<int> woken{0};
+  std::vector<std::thread> waiters;
+  for (Handle h : handles) {
+    waiters.emplace_back([&, h] {
+      EXPECT_TRUE(t.Wait(h).ok());
+      ++woken;
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let them block (or not)
+  {
+    HandleTable::DeferWakeups outer;
+    t.Complete(handles[0], Status::OK());
+    {
+      HandleTable::DeferWakeups inner;  // nested: only the outermost scope wakes
+      t.Complete(handles[1], Status::OK());
+    }
+    t.Complete(handles[2], Status::OK());
+  }
+  for (std::thread& w : waiters) w.join();  // a lost wake-up would hang here
+  EXPECT_EQ(woken, 3);
+  EXPECT_EQ(t.size(), 0u);
+}
+
 TEST(HandleTable, PollWaitAndRelease) {
   HandleTable t;
   Handle h = t.Allocate();
