@@ -77,6 +77,8 @@ class TensorQueue {
   // Background thread. Blocks until new requests arrive, shutdown is requested, or `deadline`;
   // then, unless `gap` is zero, goes on collecting requests while they keep arriving less than
   // `gap` apart and no thread waits on a handle, for `longest_gather` at most.
+  // (It spins, yielding, for up to kGatherSpin of that first.)
+  static constexpr std::chrono::microseconds kGatherSpin{30};
   void WaitForWork(Clock::time_point deadline, Clock::duration gap = Clock::duration::zero(),
                    Clock::duration longest_gather = Clock::duration::zero());
 
