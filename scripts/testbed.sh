@@ -1,0 +1,238 @@
+#!/usr/bin/env bash
+# A test bed of hosts on this machine, for multi-host work without a cluster.
+#
+#   testbed.sh up N [--rate RATE]   hosts hvd-h1 .. hvd-hN (2 <= N <= 16)
+#   testbed.sh down                 removes everything `up` made (safe to run any time)
+#   testbed.sh exec HOST CMD...     runs CMD as on HOST (its network and its hostname)
+#   testbed.sh status               the hosts that are up, their addresses and sshd
+#   testbed.sh link HOST up|down    takes a host's link down (a network fault) or back up
+#
+# Each host is a network namespace named after it with one interface, eth0, addressed
+# 10.200.0.(10+i)/24 and plugged into a bridge that lives in a namespace of its own
+# (hvd-net): no interface or address of the test bed exists outside namespaces it created.
+# Each host runs an sshd on its address inside its own UTS namespace, so `ssh hvd-h2 hostname`
+# prints hvd-h2, and Open MPI (which tells nodes apart by hostname) treats the hosts as
+# separate nodes: TCP between hosts, shared memory only within one. Host names resolve through
+# a marked block in /etc/hosts; ssh uses a key made for the test bed through a marked
+# `Include` in ~/.ssh/config. From the machine itself (not on the test network) ssh reaches a
+# host through `ip netns exec HOST nc` (ProxyCommand); MPI jobs are started from a host
+# (`testbed.sh exec hvd-h1 hvdrun -H hvd-h1:2,hvd-h2:2 ...`), as from a cluster's login node.
+#
+# --rate RATE limits every host's outgoing traffic with `tc qdisc ... tbf` (e.g. 1gbit,
+# 10gbit): a link between two hosts then carries RATE each way. Needs root; installs
+# iproute2, openssh-server, openssh-client and netcat-openbsd when missing.
+set -euo pipefail
+
+STATE=/run/hvd-testbed
+NET_NS=hvd-net
+SUBNET=10.200.0
+HOSTS_BEGIN="# >>> hvd-testbed >>>"
+HOSTS_END="# <<< hvd-testbed <<<"
+SSH_CONFIG="$HOME/.ssh/config"
+
+die() { echo "testbed: $*" >&2; exit 1; }
+
+host_names() {  # the hosts that exist now, from their namespaces
+  ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^hvd-h[0-9]+$' | sort -V || true
+}
+
+address_of() { echo "$SUBNET.$((10 + ${1#hvd-h}))"; }
+
+install_packages() {
+  local need=()
+  command -v ip >/dev/null || need+=(iproute2)
+  command -v tc >/dev/null || need+=(iproute2)
+  [[ -x /usr/sbin/sshd ]] || need+=(openssh-server)
+  command -v ssh >/dev/null || need+=(openssh-client)
+  command -v nc >/dev/null || need+=(netcat-openbsd)
+  command -v unshare >/dev/null || need+=(util-linux)
+  [[ ${#need[@]} -eq 0 ]] && return 0
+  echo "testbed: installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # Installing openssh-server must not start (or enable) the machine's own sshd.
+  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null || {
+    rm -f /usr/sbin/policy-rc.d; die "could not install ${need[*]}"; }
+  rm -f /usr/sbin/policy-rc.d
+}
+
+remove_block() {  # remove_block FILE: drops the marked test-bed block, if any
+  local file=$1
+  [[ -f $file ]] || return 0
+  grep -qF "$HOSTS_BEGIN" "$file" || return 0
+  local tmp
+  tmp=$(mktemp)
+  awk -v b="$HOSTS_BEGIN" -v e="$HOSTS_END" '$0==b{skip=1;next} $0==e{skip=0;next} !skip' \
+    "$file" > "$tmp"
+  cat "$tmp" > "$file"  # keeps the file's inode, owner and mode
+  rm -f "$tmp"
+}
+
+cmd_down() {
+  local ns pid
+  for ns in $(host_names) $(ip netns list 2>/dev/null | awk '{print $1}' | grep -x "$NET_NS" || true); do
+    # Every process still in the namespace (sshd, sessions, ranks) goes with it.
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+    ip netns delete "$ns" 2>/dev/null || true
+  done
+  if [[ -d $STATE ]]; then
+    for pidfile in "$STATE"/sshd-*.pid; do
+      [[ -f $pidfile ]] && kill -KILL "$(cat "$pidfile")" 2>/dev/null || true
+    done
+    rm -rf "$STATE"
+  fi
+  remove_block /etc/hosts
+  remove_block "$SSH_CONFIG"
+}
+
+parse_rate_bits() {  # 1gbit / 500mbit / 10gbit / 100kbit -> bits per second
+  local r=${1,,}
+  case "$r" in
+    *gbit) echo $(( ${r%gbit} * 1000000000 )) ;;
+    *mbit) echo $(( ${r%mbit} * 1000000 )) ;;
+    *kbit) echo $(( ${r%kbit} * 1000 )) ;;
+    *) die "--rate: expected a rate like 1gbit, 500mbit or 10gbit, got '$1'" ;;
+  esac
+}
+
+cmd_up() {
+  local n=${1:-}
+  shift || true
+  local rate=""
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --rate) rate=${2:-}; [[ -n $rate ]] || die "--rate needs a value"; shift 2 ;;
+      --rate=*) rate=${1#--rate=}; shift ;;
+      *) die "up: unknown argument '$1'" ;;
+    esac
+  done
+  [[ $n =~ ^[0-9]+$ ]] && (( n >= 2 && n <= 16 )) || die "up: N must be 2..16, got '${n}'"
+  [[ $(id -u) -eq 0 ]] || die "needs root (network namespaces)"
+  local bits=0
+  [[ -n $rate ]] && bits=$(parse_rate_bits "$rate")
+  install_packages
+  cmd_down
+  UP_DONE=0
+  trap '[[ $UP_DONE == 1 ]] || cmd_down' EXIT  # a failed `up` leaves nothing behind
+
+  mkdir -p "$STATE" /run/sshd "$(dirname "$SSH_CONFIG")"
+  chmod 700 "$STATE"
+  ssh-keygen -q -t ed25519 -N "" -C hvd-testbed -f "$STATE/id_ed25519"
+  ssh-keygen -q -t ed25519 -N "" -C hvd-testbed-host -f "$STATE/ssh_host_ed25519_key"
+  cp "$STATE/id_ed25519.pub" "$STATE/authorized_keys"
+
+  ip netns add "$NET_NS"
+  ip -n "$NET_NS" link add hvdbr0 type bridge
+  ip -n "$NET_NS" link set hvdbr0 up
+  ip -n "$NET_NS" link set lo up
+
+  {
+    echo "$HOSTS_BEGIN"
+    for i in $(seq 1 "$n"); do echo "$(address_of "hvd-h$i") hvd-h$i"; done
+    echo "$HOSTS_END"
+  } >> /etc/hosts
+
+  for i in $(seq 1 "$n"); do
+    local h="hvd-h$i" addr
+    addr=$(address_of "$h")
+    ip netns add "$h"
+    # The veth pair is created straight into the two namespaces: nothing in the machine's.
+    ip link add "vh$i" netns "$NET_NS" type veth peer name eth0 netns "$h"
+    ip -n "$NET_NS" link set "vh$i" master hvdbr0 up
+    ip -n "$h" link set lo up
+    ip -n "$h" addr add "$addr/24" dev eth0
+    ip -n "$h" link set eth0 up
+    if (( bits > 0 )); then
+      # Burst: 10 ms at the rate (at least 64 KiB), so the bucket refills between timer ticks.
+      local burst=$(( bits / 8 / 100 ))
+      (( burst < 65536 )) && burst=65536
+      ip netns exec "$h" tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency 100ms
+    fi
+    cat > "$STATE/sshd_config.$h" <<EOF
+ListenAddress $addr
+Port 22
+HostKey $STATE/ssh_host_ed25519_key
+AuthorizedKeysFile $STATE/authorized_keys
+PidFile $STATE/sshd-$h.pid
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+MaxStartups 64
+MaxSessions 64
+EOF
+    ip netns exec "$h" unshare --uts sh -c "hostname $h && exec /usr/sbin/sshd -f $STATE/sshd_config.$h -E $STATE/sshd-$h.log"
+  done
+
+  cat > "$STATE/ssh_config" <<EOF
+Host hvd-h*
+  User root
+  IdentityFile $STATE/id_ed25519
+  IdentitiesOnly yes
+  StrictHostKeyChecking no
+  UserKnownHostsFile /dev/null
+  LogLevel ERROR
+  ConnectTimeout 10
+  BatchMode yes
+Match host hvd-h* exec $STATE/outside-testbed
+  ProxyCommand ip netns exec %h nc %h 22
+EOF
+  # True in a process that is in none of the test bed's network namespaces.
+  printf '#!/bin/sh\n[ -z "$(ip netns identify 2>/dev/null)" ]\n' > "$STATE/outside-testbed"
+  chmod +x "$STATE/outside-testbed"
+  # Include must come before any Host block of the user's own config to apply everywhere.
+  local tmp
+  tmp=$(mktemp)
+  { echo "$HOSTS_BEGIN"; echo "Include $STATE/ssh_config"; echo "$HOSTS_END";
+    [[ -f $SSH_CONFIG ]] && cat "$SSH_CONFIG"; } > "$tmp"
+  [[ -f $SSH_CONFIG ]] || { touch "$SSH_CONFIG"; chmod 600 "$SSH_CONFIG"; }
+  cat "$tmp" > "$SSH_CONFIG"
+  rm -f "$tmp"
+
+  # Every sshd answers before `up` returns (bounded: 50 tries, 0.1 s apart, per host).
+  for i in $(seq 1 "$n"); do
+    local ok=0
+    for _ in $(seq 1 50); do
+      if [[ $(ssh "hvd-h$i" hostname 2>/dev/null) == "hvd-h$i" ]]; then ok=1; break; fi
+      sleep 0.1
+    done
+    (( ok )) || die "hvd-h$i: sshd does not answer (log: $STATE/sshd-hvd-h$i.log)"
+  done
+  UP_DONE=1
+  echo "testbed: $n hosts up (hvd-h1..hvd-h$n, $SUBNET.11-$((10 + n))${rate:+, $rate links})"
+}
+
+cmd_exec() {
+  local h=${1:-}
+  shift || true
+  [[ -n $h && $# -gt 0 ]] || die "usage: testbed.sh exec HOST CMD..."
+  ip netns list | awk '{print $1}' | grep -qx "$h" || die "no test host '$h' (testbed.sh up N)"
+  exec ip netns exec "$h" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$h" "$@"
+}
+
+cmd_link() {
+  local h=${1:-} state=${2:-}
+  [[ $state == up || $state == down ]] || die "usage: testbed.sh link HOST up|down"
+  ip -n "$h" link set eth0 "$state"
+}
+
+cmd_status() {
+  local h
+  for h in $(host_names); do
+    local pid=""
+    [[ -f $STATE/sshd-$h.pid ]] && pid=$(cat "$STATE/sshd-$h.pid")
+    printf '%s %s sshd=%s %s\n' "$h" "$(address_of "$h")" "${pid:-none}" \
+      "$(ip netns exec "$h" tc qdisc show dev eth0 2>/dev/null | grep -o 'rate [^ ]*' || true)"
+  done
+}
+
+case "${1:-}" in
+  up) shift; cmd_up "$@" ;;
+  down) cmd_down ;;
+  exec) shift; cmd_exec "$@" ;;
+  link) shift; cmd_link "$@" ;;
+  status) cmd_status ;;
+  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
