@@ -142,9 +142,8 @@ def make_command(args, mpirun_path="mpirun", cpu_count=None):
         value = getattr(args, knob.dest)
         if value is not None and value is not False:
             env[knob.env] = knob.to_env(value)
-    # HOROVOD_* already in the environment reach the ranks too (flags win).
-    passthrough = [n for n in sorted(mpirun.horovod_env()) if n not in env]
-    passthrough += [n for n in mpirun.PASSTHROUGH if n in os.environ]
+    # The environment reaches every rank on every host (flags win over HOROVOD_* already set).
+    passthrough = [n for n in mpirun.forwarded_env() if n not in env]
     try:
         mpi_args = shlex.split(args.mpi_args)
     except ValueError as e:

@@ -82,8 +82,29 @@ def knobs():
     return tuple(_KNOBS)
 
 
-# Passed to every rank with -x NAME (values from mpirun's own environment) when set.
-PASSTHROUGH = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED")
+# hvdrun gives every rank, on every host, the launching shell's environment (as horovodrun
+# does) with -x NAME, so values never appear on a command line; except these, which belong to
+# the host or the session a process runs in (a remote rank keeps its own), or to Open MPI
+# itself (a job launched from inside another job's rank must not inherit its identity).
+EXCLUDED_ENV = ("HOME", "USER", "LOGNAME", "SHELL", "HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_",
+                "TERM", "DISPLAY", "XAUTHORITY", "MAIL", "CUDA_VISIBLE_DEVICES")
+EXCLUDED_ENV_PREFIXES = ("SSH_", "BASH_FUNC_", "PMIX_", "ORTE_", "OPAL_", "OMPI_")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def forwarded_env(environ=None):
+    """The names of ``environ`` (default os.environ) that hvdrun forwards to every rank:
+    all but EXCLUDED_ENV, names starting with EXCLUDED_ENV_PREFIXES (OMPI_MCA_* parameters
+    do go: they configure the job) and names that are not plain identifiers."""
+    environ = os.environ if environ is None else environ
+    names = []
+    for name in sorted(environ):
+        if not _ENV_NAME.match(name) or name in EXCLUDED_ENV:
+            continue
+        if name.startswith(EXCLUDED_ENV_PREFIXES) and not name.startswith("OMPI_MCA_"):
+            continue
+        names.append(name)
+    return names
 
 
 def horovod_env(environ=None):

@@ -22,6 +22,13 @@ def hvdrun(args, env=None, timeout=120):
                           timeout=timeout)
 
 
+def forwarded(*extra):
+    """The -x NAME arguments hvdrun adds for hvdrun()'s environment plus ``extra`` names: every
+    variable but HOME and Open MPI's own OMPI_* (sorted)."""
+    names = sorted({"PATH", *extra} | ({"LANG"} if "LANG" in os.environ else set()))
+    return [a for n in names for a in ("-x", n)]
+
+
 def printed_command(result):
     """The argv hvdrun printed (--verbose / --dry-run)."""
     lines = [line for line in result.stderr.splitlines() if line.startswith("hvdrun: ")]
@@ -38,7 +45,7 @@ def test_defaults_on_this_machine():
     assert r.returncode == 0, r.stderr
     assert printed_command(r) == (
         ["mpirun"] + ROOT + ["--tag-output", "-np", "2", "--bind-to", "none", "--map-by",
-                             "slot", "-mca", "mpi_yield_when_idle", "1", "-x", "PATH",
+                             "slot", "-mca", "mpi_yield_when_idle", "1"] + forwarded() + [
                              "python", "train.py", "--epochs", "3"])
 
 
@@ -63,9 +70,23 @@ def test_every_knob_hosts_and_mpi_args():
             "-x", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=20.0",
             "-x", "HOROVOD_TIMELINE=/tmp/tl.json",
             "-x", "HOROVOD_TIMELINE_MARK_CYCLES=1",
-            "-x", "PATH", "-x", "PYTHONPATH",
+        ] + forwarded("PYTHONPATH") + [
             "-mca", "btl", "tcp,self", "--report-bindings",
             "./train", "--lr", "0.1"])
+
+
+def test_the_environment_reaches_the_ranks_but_host_and_session_variables():
+    r = hvdrun(["-np", "2", "-H", "node1:1,node2:1", "--dry-run", "./t"],
+               env={"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "3", "MY_SETTING": "x y",
+                    "OMPI_MCA_btl_tcp_if_include": "eth0", "SSH_AUTH_SOCK": "/tmp/a",
+                    "HOSTNAME": "login1", "CUDA_VISIBLE_DEVICES": "0", "PWD": "/somewhere",
+                    "OMPI_COMM_WORLD_RANK": "3"})
+    assert r.returncode == 0, r.stderr
+    cmd = printed_command(r)
+    names = [cmd[i + 1] for i, a in enumerate(cmd) if a == "-x"]
+    assert names == [a for a in forwarded("NCCL_DEBUG", "OMP_NUM_THREADS", "MY_SETTING",
+                                          "OMPI_MCA_btl_tcp_if_include") if a != "-x"]
+    assert "x y" not in " ".join(cmd)  # values travel in the environment, not the command
 
 
 def test_user_choice_of_yield_when_idle_wins():
