@@ -70,11 +70,33 @@ TEST(Core, TopologyMatchesMpi) {
   MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
   EXPECT_EQ(R(), mpi_rank);
   EXPECT_EQ(N(), mpi_size);
-  // One host: every rank is local.
-  EXPECT_EQ(*LocalSize(), mpi_size);
-  EXPECT_EQ(*LocalRank(), mpi_rank);
-  EXPECT_EQ(*CrossSize(), 1);
-  EXPECT_EQ(*CrossRank(), 0);
+  // The expectation from the hosts' names (one host, or the multi-host test bed): local
+  // ranks share this rank's host name, cross ranks are the hosts in order of first rank.
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  std::vector<char> all(static_cast<size_t>(mpi_size) * MPI_MAX_PROCESSOR_NAME);
+  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
+                MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<std::string> hosts;
+  for (int r = 0; r < mpi_size; ++r) hosts.emplace_back(&all[r * MPI_MAX_PROCESSOR_NAME]);
+  int local_size = 0, local_rank = 0;
+  std::vector<std::string> distinct;
+  for (int r = 0; r < mpi_size; ++r) {
+    if (hosts[r] == hosts[mpi_rank]) {
+      if (r < mpi_rank) ++local_rank;
+      ++local_size;
+    }
+    if (std::find(distinct.begin(), distinct.end(), hosts[r]) == distinct.end()) {
+      distinct.push_back(hosts[r]);
+    }
+  }
+  const int host_index = static_cast<int>(
+      std::find(distinct.begin(), distinct.end(), hosts[mpi_rank]) - distinct.begin());
+  EXPECT_EQ(*LocalSize(), local_size);
+  EXPECT_EQ(*LocalRank(), local_rank);
+  EXPECT_EQ(*CrossSize(), static_cast<int>(distinct.size()));
+  EXPECT_EQ(*CrossRank(), host_index);
   EXPECT_TRUE(IsInitialized());
   EXPECT_TRUE(Init().ok());  // idempotent
   EXPECT_TRUE(*MpiThreadsSupported());

@@ -348,8 +348,13 @@ def test_barrier_and_topology():
     import os
     assert hvd.size() == int(os.environ["OMPI_COMM_WORLD_SIZE"])
     assert hvd.rank() == int(os.environ["OMPI_COMM_WORLD_RANK"])
-    assert hvd.local_size() == hvd.size() and hvd.local_rank() == hvd.rank()
-    assert hvd.cross_size() == 1 and hvd.cross_rank() == 0
+    assert hvd.local_size() == int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"])
+    assert hvd.local_rank() == int(os.environ["OMPI_COMM_WORLD_LOCAL_RANK"])
+    import socket  # one host, or the multi-host test bed: hosts in order of their first rank
+    hosts = hvd.allgather_object(socket.gethostname())
+    distinct = sorted(set(hosts), key=hosts.index)
+    assert hvd.cross_size() == len(distinct)
+    assert hvd.cross_rank() == distinct.index(socket.gethostname())
     assert hvd.is_initialized()
     hvd.init()  # idempotent
     assert hvd.mpi_built() and hvd.mpi_enabled() and hvd.mpi_threads_supported()
