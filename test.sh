@@ -18,6 +18,11 @@ scripts/build.sh build -DHVD_WERROR=ON -DPython3_EXECUTABLE=/usr/bin/python3 \
   -DHVD_TEST_PYTHON="$PWD/.venv/bin/python"
 (cd build && ctest --output-on-failure -j 2 --timeout 600)
 
+# 2b. Across hosts: a test bed of 3 hosts made on this machine (network namespaces, sshd;
+#     scripts/testbed.sh), the core, collectives, process-set, join and Python suites launched
+#     by hvdrun over ssh at 2 hosts x 2 ranks and 3 x 1; torn down afterwards, checked empty.
+tests/multihost/run.sh
+
 # 3. The CPU-only configuration (no NCCL, no LibTorch, no Python module) must build and pass
 #    on its own; it is built with AddressSanitizer + UndefinedBehaviorSanitizer, so every C++
 #    test (unit, MPI, examples) also runs under them.
