@@ -18,6 +18,7 @@ from horovod_cpp.runner.hosts import HostError, parse_hostfile, parse_hosts
 
 EXIT_USAGE = 2
 EXIT_NO_MPIRUN = 127
+EXIT_UNREACHABLE = 3
 
 
 def _parser():
@@ -43,6 +44,25 @@ def _parser():
                        help="file of 'host slots=N' lines")
     p.add_argument("--oversubscribe", action="store_true",
                    help="allow more ranks than the slots of -H/--hostfile")
+    hosts = p.add_argument_group("several hosts")
+    hosts.add_argument("--network-interface", "--network-interfaces", dest="network_interface",
+                       metavar="IF[,IF]",
+                       help="the network interfaces ranks talk over between hosts (sets Open "
+                            "MPI's btl_tcp_if_include and oob_tcp_if_include, and "
+                            "NCCL_SOCKET_IFNAME)")
+    hosts.add_argument("-p", "--ssh-port", type=int, metavar="PORT",
+                       help="ssh port of the hosts (default: ssh's own, usually 22)")
+    hosts.add_argument("-i", "--ssh-identity-file", metavar="FILE",
+                       help="ssh private key for the hosts")
+    hosts.add_argument("--start-timeout", type=float, default=30.0, metavar="SECONDS",
+                       help="every host of -H/--hostfile other than this one must answer ssh "
+                            "within this long before the job starts; the ones that do not are "
+                            "named (default 30)")
+    hosts.add_argument("--output-filename", metavar="DIR",
+                       help="also write each rank's output to its own file under DIR "
+                            "(Open MPI's layout: DIR/1/rank.N/stdout and stderr)")
+    hosts.add_argument("--prefix-output-with-timestamp", action="store_true",
+                       help="prefix every output line with the time it was written")
     for knob in mpirun.knobs():
         flags = (knob.flag,) + knob.aliases
         dest = knob.dest
@@ -148,10 +168,25 @@ def make_command(args, mpirun_path="mpirun", cpu_count=None):
         mpi_args = shlex.split(args.mpi_args)
     except ValueError as e:
         raise ValueError("--mpi-args: %s" % e)
+    if args.network_interface:
+        interfaces = args.network_interface
+        env["NCCL_SOCKET_IFNAME"] = interfaces
+        passthrough = [n for n in passthrough if n != "NCCL_SOCKET_IFNAME"]
+        mpi_args = ["-mca", "btl_tcp_if_include", interfaces,
+                    "-mca", "oob_tcp_if_include", interfaces] + mpi_args
+    ssh_args = mpirun.ssh_options(args.ssh_port, args.ssh_identity_file)
+    if ssh_args:
+        mpi_args = ["-mca", "plm_rsh_args", " ".join(ssh_args)] + mpi_args
+    if args.output_filename:
+        mpi_args = ["--output-filename", os.path.abspath(args.output_filename)] + mpi_args
+    if args.prefix_output_with_timestamp:
+        mpi_args = ["--timestamp-output"] + mpi_args
+    if args.start_timeout <= 0:
+        raise ValueError("--start-timeout must be positive, got %s" % args.start_timeout)
     argv = mpirun.build_command(args.np, command, hosts=hosts, env=env, passthrough=passthrough,
                                 mpi_args=mpi_args, oversubscribe=oversubscribe,
                                 mpirun=mpirun_path)
-    return argv
+    return argv, hosts
 
 
 def main(argv=None):
@@ -161,7 +196,7 @@ def main(argv=None):
         print(check_build())
         return 0
     try:
-        command = make_command(args)
+        command, hosts = make_command(args)
     except (ValueError, HostError) as e:
         print("hvdrun: error: %s (see hvdrun --help)" % e, file=sys.stderr)
         return EXIT_USAGE
@@ -175,6 +210,15 @@ def main(argv=None):
         print("hvdrun: %s" % mpirun.quote(command), file=sys.stderr, flush=True)
     if args.dry_run:
         return 0
+    if hosts:
+        unreachable = mpirun.unreachable_hosts(
+            [h for h, _ in hosts], args.start_timeout,
+            mpirun.ssh_options(args.ssh_port, args.ssh_identity_file))
+        if unreachable:
+            print("hvdrun: error: %d host(s) did not answer ssh within --start-timeout %g s:\n  %s"
+                  % (len(unreachable), args.start_timeout,
+                     "\n  ".join("%s: %s" % hw for hw in unreachable)), file=sys.stderr)
+            return EXIT_UNREACHABLE
 
     def on_line(rank, stream, text):
         out = sys.stdout if stream == "stdout" else sys.stderr

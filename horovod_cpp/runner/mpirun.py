@@ -10,8 +10,10 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import threading
+import time
 
 from horovod_cpp.runner import proc
 from horovod_cpp.runner.hosts import hosts_arg
@@ -111,6 +113,55 @@ def horovod_env(environ=None):
     """The HOROVOD_* variables of ``environ`` (default os.environ)."""
     environ = os.environ if environ is None else environ
     return {k: v for k, v in environ.items() if k.startswith("HOROVOD_")}
+
+
+# ---- hosts over ssh -------------------------------------------------------------------------
+
+def ssh_options(port=None, identity_file=None):
+    """ssh arguments for a port and a key (empty when neither is given)."""
+    out = []
+    if port is not None:
+        out += ["-p", str(port)]
+    if identity_file is not None:
+        out += ["-i", os.path.abspath(identity_file)]
+    return out
+
+
+def is_this_host(name):
+    """Whether ``name`` is this machine (mpirun starts its ranks without ssh)."""
+    return name in ("localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn())
+
+
+def unreachable_hosts(names, timeout, ssh_args=(), ssh="ssh"):
+    """[(host, why)] for the hosts other than this one that do not run ``ssh HOST true``
+    within ``timeout`` seconds (all tried at once; BatchMode: never a password prompt)."""
+    deadline = time.monotonic() + timeout
+    procs = {}
+    for name in dict.fromkeys(names):
+        if is_this_host(name):
+            continue
+        # The deadline below decides; ssh's own connect timeout only stops it afterwards.
+        argv = [ssh, "-o", "BatchMode=yes", "-o",
+                "ConnectTimeout=%d" % (int(timeout) + 5)] + list(ssh_args) + [name, "true"]
+        try:
+            procs[name] = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        except OSError as e:
+            return [(name, "cannot run ssh: %s" % e) for name in names if not is_this_host(name)]
+    failed = []
+    for name, p in procs.items():
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            failed.append((name, "no answer within %g s" % timeout))
+            continue
+        if p.returncode != 0:
+            why = p.stderr.read().decode("utf-8", "replace").strip().splitlines()
+            failed.append((name, why[-1] if why else "ssh exited with %d" % p.returncode))
+        p.stderr.close()
+    return failed
 
 
 # ---- the command ----------------------------------------------------------------------------

@@ -89,6 +89,23 @@ def test_the_environment_reaches_the_ranks_but_host_and_session_variables():
     assert "x y" not in " ".join(cmd)  # values travel in the environment, not the command
 
 
+def test_multi_host_flags():
+    r = hvdrun(["-np", "2", "-H", "node1:1,node2:1", "--network-interface", "eth1,eth2",
+                "-p", "2222", "-i", "keys/id", "--output-filename", "logs",
+                "--prefix-output-with-timestamp", "--start-timeout", "7", "--dry-run", "./t"])
+    assert r.returncode == 0, r.stderr
+    cmd = printed_command(r)
+    tail = cmd[cmd.index("-x"):]
+    assert "NCCL_SOCKET_IFNAME=eth1,eth2" in tail
+    options = cmd[cmd.index("--timestamp-output"):-1]
+    assert options == ["--timestamp-output", "--output-filename", os.path.abspath("logs"),
+                       "-mca", "plm_rsh_args", "-p 2222 -i %s" % os.path.abspath("keys/id"),
+                       "-mca", "btl_tcp_if_include", "eth1,eth2",
+                       "-mca", "oob_tcp_if_include", "eth1,eth2"]
+    bad = hvdrun(["-np", "2", "--start-timeout", "0", "--dry-run", "./t"])
+    assert bad.returncode == 2 and "--start-timeout must be positive" in bad.stderr
+
+
 def test_user_choice_of_yield_when_idle_wins():
     r = hvdrun(["-np", "2", "--mpi-args", "--mca mpi_yield_when_idle 0", "--dry-run", "./t"])
     assert r.returncode == 0, r.stderr

@@ -78,6 +78,25 @@ run "timeline -H hvd-h1:2,hvd-h2:2" 120 env HVD_MULTIHOST_MARK="forwarded to eve
   --hosts hvd-h1:2,hvd-h2:2 --timeline "$timeline"
 rm -f "$timeline"
 
+# Hosts that cannot be reached: hvdrun names them within --start-timeout and starts nothing.
+expect_unreachable() {  # NAME HOST WHY: hvdrun -H hvd-h1:1,HOST:1 must fail naming HOST
+  local name=$1 host=$2 why=$3 start=$SECONDS out rc=0
+  out=$(timeout -k 5 60 "$TESTBED" exec hvd-h1 "${HVDRUN[@]}" -np 2 -H "hvd-h1:1,$host:1" \
+        --start-timeout 5 true 2>&1) || rc=$?
+  local took=$((SECONDS - start))
+  if [[ $rc -eq 3 && $out == *"$host: "*"$why"* && $took -le 15 ]]; then
+    echo "multihost: ok   $name (exit 3 after $took s: $(echo "$out" | tail -1 | sed 's/^ *//'))"
+  else
+    echo "multihost: FAIL $name (exit $rc after $took s, expected 3 within 15 s naming $host):" >&2
+    echo "$out" | tail -20 >&2
+    failures=$((failures + 1))
+  fi
+}
+kill "$(cat /run/hvd-testbed/sshd-hvd-h3.pid)"
+expect_unreachable "sshd stopped on hvd-h3" hvd-h3 "Connection refused"
+"$TESTBED" link hvd-h2 down
+expect_unreachable "hvd-h2's link down" hvd-h2 "no answer within 5 s"
+
 if (( failures > 0 )); then
   echo "multihost: $failures job(s) failed" >&2
   exit 1
