@@ -15,7 +15,7 @@
 # separate nodes: TCP between hosts, shared memory only within one. Host names resolve through
 # a marked block in /etc/hosts; ssh uses a key made for the test bed through a marked
 # `Include` in ~/.ssh/config. From the machine itself (not on the test network) ssh reaches a
-# host through `ip netns exec HOST nc` (ProxyCommand); MPI jobs are started from a host
+# host through `nsenter --net=... nc` (ProxyCommand); MPI jobs are started from a host
 # (`testbed.sh exec hvd-h1 hvdrun -H hvd-h1:2,hvd-h2:2 ...`), as from a cluster's login node.
 #
 # --rate RATE limits every host's outgoing traffic with `tc qdisc ... tbf` (e.g. 1gbit,
@@ -35,6 +35,11 @@ die() { echo "testbed: $*" >&2; exit 1; }
 host_names() {  # the hosts that exist now, from their namespaces
   ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^hvd-h[0-9]+$' | sort -V || true
 }
+
+# Runs a command in a host's network namespace. nsenter, not `ip netns exec`: the latter also
+# remounts /sys in a private mount namespace, which fails where / is not a mount point (a
+# chroot, such as a fresh-machine check).
+in_ns() { local ns=$1; shift; nsenter --net="/run/netns/$ns" "$@"; }
 
 address_of() { echo "$SUBNET.$((10 + ${1#hvd-h}))"; }
 
@@ -123,9 +128,9 @@ cmd_up() {
   cp "$STATE/id_ed25519.pub" "$STATE/authorized_keys"
 
   ip netns add "$NET_NS"
-  ip -n "$NET_NS" link add hvdbr0 type bridge
-  ip -n "$NET_NS" link set hvdbr0 up
-  ip -n "$NET_NS" link set lo up
+  in_ns "$NET_NS" ip link add hvdbr0 type bridge
+  in_ns "$NET_NS" ip link set hvdbr0 up
+  in_ns "$NET_NS" ip link set lo up
 
   {
     echo "$HOSTS_BEGIN"
@@ -139,15 +144,15 @@ cmd_up() {
     ip netns add "$h"
     # The veth pair is created straight into the two namespaces: nothing in the machine's.
     ip link add "vh$i" netns "$NET_NS" type veth peer name eth0 netns "$h"
-    ip -n "$NET_NS" link set "vh$i" master hvdbr0 up
-    ip -n "$h" link set lo up
-    ip -n "$h" addr add "$addr/24" dev eth0
-    ip -n "$h" link set eth0 up
+    in_ns "$NET_NS" ip link set "vh$i" master hvdbr0 up
+    in_ns "$h" ip link set lo up
+    in_ns "$h" ip addr add "$addr/24" dev eth0
+    in_ns "$h" ip link set eth0 up
     if (( bits > 0 )); then
       # Burst: 10 ms at the rate (at least 64 KiB), so the bucket refills between timer ticks.
       local burst=$(( bits / 8 / 100 ))
       (( burst < 65536 )) && burst=65536
-      ip netns exec "$h" tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency 100ms
+      in_ns "$h" tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency 100ms
     fi
     cat > "$STATE/sshd_config.$h" <<EOF
 ListenAddress $addr
@@ -163,7 +168,7 @@ StrictModes no
 MaxStartups 64
 MaxSessions 64
 EOF
-    ip netns exec "$h" unshare --uts sh -c "hostname $h && exec /usr/sbin/sshd -f $STATE/sshd_config.$h -E $STATE/sshd-$h.log"
+    in_ns "$h" unshare --uts sh -c "hostname $h && exec /usr/sbin/sshd -f $STATE/sshd_config.$h -E $STATE/sshd-$h.log"
   done
 
   cat > "$STATE/ssh_config" <<EOF
@@ -177,7 +182,7 @@ Host hvd-h*
   ConnectTimeout 10
   BatchMode yes
 Match host hvd-h* exec $STATE/outside-testbed
-  ProxyCommand ip netns exec %h nc %h 22
+  ProxyCommand nsenter --net=/run/netns/%h nc %h 22
 EOF
   # True in a process that is in none of the test bed's network namespaces.
   printf '#!/bin/sh\n[ -z "$(ip netns identify 2>/dev/null)" ]\n' > "$STATE/outside-testbed"
@@ -209,13 +214,13 @@ cmd_exec() {
   shift || true
   [[ -n $h && $# -gt 0 ]] || die "usage: testbed.sh exec HOST CMD..."
   ip netns list | awk '{print $1}' | grep -qx "$h" || die "no test host '$h' (testbed.sh up N)"
-  exec ip netns exec "$h" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$h" "$@"
+  exec nsenter --net="/run/netns/$h" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$h" "$@"
 }
 
 cmd_link() {
   local h=${1:-} state=${2:-}
   [[ $state == up || $state == down ]] || die "usage: testbed.sh link HOST up|down"
-  ip -n "$h" link set eth0 "$state"
+  in_ns "$h" ip link set eth0 "$state"
 }
 
 cmd_status() {
@@ -224,7 +229,7 @@ cmd_status() {
     local pid=""
     [[ -f $STATE/sshd-$h.pid ]] && pid=$(cat "$STATE/sshd-$h.pid")
     printf '%s %s sshd=%s %s\n' "$h" "$(address_of "$h")" "${pid:-none}" \
-      "$(ip netns exec "$h" tc qdisc show dev eth0 2>/dev/null | grep -o 'rate [^ ]*' || true)"
+      "$(in_ns "$h" tc qdisc show dev eth0 2>/dev/null | grep -o 'rate [^ ]*' || true)"
   done
 }
 
