@@ -89,6 +89,12 @@ cmd_down() {
   fi
   remove_block /etc/hosts
   remove_block "$SSH_CONFIG"
+  # `ip netns add` makes /run/netns a mount point of its own; with no namespace left in it,
+  # undo that too (a chroot's copy would otherwise stay mounted after the chroot is gone).
+  if [[ -d /run/netns ]] && [[ -z $(ls -A /run/netns 2>/dev/null) ]] &&
+     grep -q " /run/netns " /proc/mounts 2>/dev/null; then
+    umount /run/netns 2>/dev/null || umount -l /run/netns 2>/dev/null || true
+  fi
 }
 
 parse_rate_bits() {  # 1gbit / 500mbit / 10gbit / 100kbit -> bits per second

@@ -19,6 +19,7 @@ leftovers() {  # prints what the test bed left behind, if anything
   [[ -e /run/hvd-testbed ]] && echo "/run/hvd-testbed"
   grep -l "hvd-testbed" /etc/hosts "$HOME/.ssh/config" 2>/dev/null || true
   pgrep -f "sshd -f /run/hvd-testbed" || true
+  grep -q " /run/netns " /proc/mounts && [[ -z $(ls -A /run/netns) ]] && echo "/run/netns mount" || true
 }
 
 cleanup() {
