@@ -188,7 +188,7 @@ void TensorQueue::WaitForWork(Clock::time_point deadline, Clock::duration gap,
     const Clock::time_point until = std::min(gather_end, Clock::now() + gap);
     cv_.WaitUntil(lock, until);
     if (Clock::now() >= gather_end) break;
-    if (new_requests_.size() == seen && waiting_.empty()) break;  // the burst is over
+    if (new_requests_.size() == seen) break;  // the burst is over (a waiter ends the loop too)
   }
 }
 

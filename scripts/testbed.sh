@@ -45,8 +45,7 @@ address_of() { echo "$SUBNET.$((10 + ${1#hvd-h}))"; }
 
 install_packages() {
   local need=()
-  command -v ip >/dev/null || need+=(iproute2)
-  command -v tc >/dev/null || need+=(iproute2)
+  { command -v ip && command -v tc; } >/dev/null || need+=(iproute2)
   [[ -x /usr/sbin/sshd ]] || need+=(openssh-server)
   command -v ssh >/dev/null || need+=(openssh-client)
   command -v nc >/dev/null || need+=(netcat-openbsd)

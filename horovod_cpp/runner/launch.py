@@ -162,27 +162,27 @@ def make_command(args, mpirun_path="mpirun", cpu_count=None):
         value = getattr(args, knob.dest)
         if value is not None and value is not False:
             env[knob.env] = knob.to_env(value)
-    # The environment reaches every rank on every host (flags win over HOROVOD_* already set).
-    passthrough = [n for n in mpirun.forwarded_env() if n not in env]
-    try:
-        mpi_args = shlex.split(args.mpi_args)
-    except ValueError as e:
-        raise ValueError("--mpi-args: %s" % e)
-    if args.network_interface:
-        interfaces = args.network_interface
-        env["NCCL_SOCKET_IFNAME"] = interfaces
-        passthrough = [n for n in passthrough if n != "NCCL_SOCKET_IFNAME"]
-        mpi_args = ["-mca", "btl_tcp_if_include", interfaces,
-                    "-mca", "oob_tcp_if_include", interfaces] + mpi_args
-    ssh_args = mpirun.ssh_options(args.ssh_port, args.ssh_identity_file)
-    if ssh_args:
-        mpi_args = ["-mca", "plm_rsh_args", " ".join(ssh_args)] + mpi_args
-    if args.output_filename:
-        mpi_args = ["--output-filename", os.path.abspath(args.output_filename)] + mpi_args
-    if args.prefix_output_with_timestamp:
-        mpi_args = ["--timestamp-output"] + mpi_args
     if args.start_timeout <= 0:
         raise ValueError("--start-timeout must be positive, got %s" % args.start_timeout)
+    # Options for several hosts come before the user's own --mpi-args.
+    host_args = []
+    if args.prefix_output_with_timestamp:
+        host_args += ["--timestamp-output"]
+    if args.output_filename:
+        host_args += ["--output-filename", os.path.abspath(args.output_filename)]
+    ssh_args = mpirun.ssh_options(args.ssh_port, args.ssh_identity_file)
+    if ssh_args:
+        host_args += ["-mca", "plm_rsh_args", " ".join(ssh_args)]
+    if args.network_interface:
+        env["NCCL_SOCKET_IFNAME"] = args.network_interface
+        host_args += ["-mca", "btl_tcp_if_include", args.network_interface,
+                      "-mca", "oob_tcp_if_include", args.network_interface]
+    # The environment reaches every rank on every host (what the flags set wins).
+    passthrough = [n for n in mpirun.forwarded_env() if n not in env]
+    try:
+        mpi_args = host_args + shlex.split(args.mpi_args)
+    except ValueError as e:
+        raise ValueError("--mpi-args: %s" % e)
     argv = mpirun.build_command(args.np, command, hosts=hosts, env=env, passthrough=passthrough,
                                 mpi_args=mpi_args, oversubscribe=oversubscribe,
                                 mpirun=mpirun_path)

@@ -147,7 +147,11 @@ def unreachable_hosts(names, timeout, ssh_args=(), ssh="ssh"):
             procs[name] = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         except OSError as e:
-            return [(name, "cannot run ssh: %s" % e) for name in names if not is_this_host(name)]
+            for started in procs.values():
+                started.kill()
+                started.wait()
+                started.stderr.close()
+            return [(host, "cannot run ssh: %s" % e) for host in names if not is_this_host(host)]
     failed = []
     for name, p in procs.items():
         try:
@@ -156,10 +160,10 @@ def unreachable_hosts(names, timeout, ssh_args=(), ssh="ssh"):
             p.kill()
             p.wait()
             failed.append((name, "no answer within %g s" % timeout))
-            continue
-        if p.returncode != 0:
-            why = p.stderr.read().decode("utf-8", "replace").strip().splitlines()
-            failed.append((name, why[-1] if why else "ssh exited with %d" % p.returncode))
+        else:
+            if p.returncode != 0:
+                why = p.stderr.read().decode("utf-8", "replace").strip().splitlines()
+                failed.append((name, why[-1] if why else "ssh exited with %d" % p.returncode))
         p.stderr.close()
     return failed
 
