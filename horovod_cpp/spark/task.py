@@ -11,9 +11,11 @@ import hashlib
 import json
 import os
 import queue
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 
 from horovod_cpp.runner import mpirun, proc
@@ -54,12 +56,26 @@ class TaskService(object):
         if message.get("type") != "run":
             network.send(sock, self._key, {"type": "error", "message": "unknown request"})
             return
-        with self._lock:
-            if self._stopped:
-                return
-            child = proc.popen(["/bin/sh", "-c", message["command"]], stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            self._procs.append(child)
+        # Each daemon gets its own session directory. Open MPI names it after the host name
+        # and the job, so daemons of one job on one machine (several barrier tasks of a host,
+        # or mpirun and a daemon in task 0) would share it, and creating it races: one of them
+        # fails in orte_init ("mkdir ... File exists", or a crash).
+        tmpdir = tempfile.mkdtemp(prefix="hvd-orted-")
+        env = dict(os.environ, OMPI_MCA_orte_tmpdir_base=tmpdir)
+        try:
+            with self._lock:
+                if self._stopped:
+                    return
+                child = proc.popen(["/bin/sh", "-c", message["command"]],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env=env)
+                self._procs.append(child)
+            self._serve(sock, child)
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+    def _serve(self, sock, child):
+        """Streams ``child``'s output to the agent until it exits, then its exit code."""
         send_lock = threading.Lock()
 
         def pump(stream, name):
