@@ -54,3 +54,10 @@ def _core_missing_error(error):
         "_core, and no installed horovod_cpp was found on sys.path (%s). Install it into this "
         "Python (scripts/setup_venv.sh makes .venv; or pip install --no-build-isolation .), "
         "and run with that Python: %s" % (where, error, _sys.executable))
+
+
+def run(func, args=(), kwargs=None, np=1, **options):
+    """``horovod_cpp.run``, as ``horovod.run``: ``func(*args, **kwargs)`` on ``np`` ranks,
+    returning every rank's value (see horovod_cpp.runner.run)."""
+    from horovod_cpp.runner import run as _run
+    return _run(func, args=args, kwargs=kwargs, np=np, **options)

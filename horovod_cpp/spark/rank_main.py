@@ -1,5 +1,6 @@
-"""One HorovodRunner rank (started by mpirun): fetch the pickled function from the driver,
-call it, and report rank 0's return value or this rank's exception with its traceback.
+"""One HorovodRunner (or horovod_cpp.runner.run) rank, started by mpirun: fetch the pickled
+function from the driver, call it, and report rank 0's return value (every rank's with
+HVD_SPARK_ALL_RESULTS=1) or this rank's exception with its traceback.
 
     python -m horovod_cpp.spark.rank_main      (HVD_SPARK_JOB, HVD_SPARK_KEY in the environment)
 """
@@ -48,7 +49,8 @@ def main():
     except BaseException as e:
         _report_error(address, key, rank, e, traceback.format_exc())
         return 1
-    if rank == 0:
+    # HorovodRunner wants rank 0's value; horovod_cpp.runner.run every rank's.
+    if rank == 0 or os.environ.get("HVD_SPARK_ALL_RESULTS") == "1":
         try:
             data = cloudpickle.dumps(value)
         except Exception as e:
@@ -56,7 +58,7 @@ def main():
                             % (type(value).__name__, e))
             _report_error(address, key, rank, err, "%s: %s\n" % (type(err).__name__, err))
             return 1
-        network.request(address, key, {"type": "result", "rank": 0, "value": data})
+        network.request(address, key, {"type": "result", "rank": rank, "value": data})
     return 0
 
 

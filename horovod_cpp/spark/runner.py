@@ -5,7 +5,7 @@ ranks with mpirun, whose daemons are started inside the barrier tasks through an
 (no ssh needed). np < 0: -np ranks on the driver, no Spark job. Either way ``main`` and its
 kwargs travel with cloudpickle and rank 0's return value comes back.
 
-The driver runs a small authenticated service (``_JobService``) that hands out the pickled
+The driver runs a small authenticated service (``JobService``) that hands out the pickled
 function and receives rank 0's result, rank errors with their tracebacks, log_to_driver
 messages, the ranks' output (driver_log_verbosity="all") and how mpirun ended.
 """
@@ -65,9 +65,9 @@ class HorovodRunner(object):
 
     def run(self, main, **kwargs):
         """Runs ``main(**kwargs)`` on every rank; returns rank 0's return value."""
-        payload = _pickle_main(main, kwargs)
+        payload = pickle_main(main, kwargs)
         key = network.new_key()
-        job = _JobService(key, payload, stream=self.driver_log_verbosity == "all")
+        job = JobService(key, payload, stream=self.driver_log_verbosity == "all")
         try:
             if self.num_processor < 0:
                 self._run_on_driver(job, key)
@@ -87,13 +87,7 @@ class HorovodRunner(object):
             np, [sys.executable, "-m", "horovod_cpp.spark.rank_main"],
             env=mpirun.horovod_env(), passthrough=["HVD_SPARK_JOB", "HVD_SPARK_KEY"],
             oversubscribe=np > (os.cpu_count() or 1), mpirun=mpirun.find_mpirun())
-        launch = mpirun.Launch(argv, job.output_line, env=env)
-        try:
-            result = launch.wait()
-        except BaseException:
-            launch.terminate()
-            raise
-        job.set_launcher(_result_dict(result))
+        job.launch(argv, env)
 
     # ---- np > 0: a Spark barrier stage ------------------------------------------------------
 
@@ -180,7 +174,7 @@ def _checked_task(spec):
     return run
 
 
-def _pickle_main(main, kwargs):
+def pickle_main(main, kwargs, caller="HorovodRunner.run"):
     """cloudpickle (main, kwargs) on the driver, naming what cannot be pickled."""
     if not callable(main):
         raise TypeError("main must be callable, got %r" % (main,))
@@ -200,9 +194,9 @@ def _pickle_main(main, kwargs):
                     what, e = "keyword argument %r (%s)" % (name, type(value).__name__), inner
                     break
         raise pickle.PicklingError(
-            "HorovodRunner.run: could not pickle %s with cloudpickle: %s: %s. Everything main "
+            "%s: could not pickle %s with cloudpickle: %s: %s. Everything main "
             "uses travels to the ranks; create such objects (and do imports) inside main."
-            % (what or "main and its arguments", type(e).__name__, e)) from e
+            % (caller, what or "main and its arguments", type(e).__name__, e)) from e
 
 
 def _task_slots(sc):
@@ -232,14 +226,17 @@ def _result_dict(result):
     return {"returncode": result.returncode, "description": result.describe()}
 
 
-class _JobService(object):
-    """The driver's end: payload out; results, errors, logs and the launcher's status in."""
+class JobService(object):
+    """The driver's end: payload out; results, errors, logs and the launcher's status in.
+    ``ranks``: None, rank 0's value is the outcome (HorovodRunner); N, the list of all N
+    ranks' values (horovod_cpp.runner.run, whose ranks all report)."""
 
-    def __init__(self, key, payload, stream):
+    def __init__(self, key, payload, stream, ranks=None):
         self._payload = payload
         self._stream = stream
+        self._ranks = ranks
         self._lock = threading.Lock()
-        self._result = None
+        self._results = {}
         self._errors = []
         self._launcher = None
         self._print_lock = threading.Lock()
@@ -261,7 +258,7 @@ class _JobService(object):
                 self.output_line(rank, stream, text)
         elif kind == "result":
             with self._lock:
-                self._result = message["value"]
+                self._results[message["rank"]] = message["value"]
         elif kind == "error":
             with self._lock:
                 self._errors.append(message)
@@ -279,6 +276,16 @@ class _JobService(object):
             return
         self._print(text if rank is None else "[%d]<%s>:%s" % (rank, stream, text))
 
+    def launch(self, argv, env):
+        """Runs mpirun (``argv``) here, its output to output_line; records how it ended."""
+        launch = mpirun.Launch(argv, self.output_line, env=env)
+        try:
+            result = launch.wait()
+        except BaseException:
+            launch.terminate()
+            raise
+        self.set_launcher(_result_dict(result))
+
     def set_launcher(self, result):
         with self._lock:
             self._launcher = result
@@ -289,7 +296,7 @@ class _JobService(object):
 
     def outcome(self):
         with self._lock:
-            errors, launcher, result = list(self._errors), self._launcher, self._result
+            errors, launcher, results = list(self._errors), self._launcher, dict(self._results)
         if errors:
             first = errors[0]
             error = RankError(first["rank"], first["exc_type"], first["message"],
@@ -305,6 +312,12 @@ class _JobService(object):
             raise HorovodRunnerError("the job ended without a report from its launcher")
         if launcher["returncode"] != 0:
             raise HorovodRunnerError(launcher["description"])
-        if result is None:
+        if self._ranks is not None:
+            missing = [r for r in range(self._ranks) if r not in results]
+            if missing:
+                raise HorovodRunnerError("rank(s) %s exited without returning a value"
+                                         % ", ".join(map(str, missing)))
+            return [cloudpickle.loads(results[r]) for r in range(self._ranks)]
+        if 0 not in results:
             raise HorovodRunnerError("rank 0 exited without returning a value from main")
-        return cloudpickle.loads(result)
+        return cloudpickle.loads(results[0])
