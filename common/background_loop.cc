@@ -167,6 +167,7 @@ void BackgroundLoop::ThreadMain() {
 #endif
   Status status = Initialize();
   if (!status.ok()) {
+    watchdog_.reset();
     executor_.reset();
     controller_.reset();
     backend_->Finalize().IgnoreError();
@@ -181,6 +182,7 @@ void BackgroundLoop::ThreadMain() {
   if (!status.ok()) return;
 
   Status end = Loop();
+  watchdog_.reset();  // before the backend it may abort through goes
   Finish(end);
   executor_.reset();
   controller_.reset();
@@ -198,6 +200,21 @@ Status BackgroundLoop::Initialize() {
   sets_->Reset(topology_.size, topology_.rank);
   HVD_RETURN_IF_ERROR(config_.AgreeWithRank0(
       [this](std::vector<uint8_t>* bytes) { return backend_->BroadcastBytes(bytes, 0); }));
+  if (config_.collective_timeout_seconds > 0 && topology_.size > 1) {
+    HVD_RETURN_IF_ERROR(StartWatchdog());
+  }
+  const std::string hierarchical = backend_->UseHierarchical(config_.hierarchical_allreduce,
+                                                             config_.hierarchical_allgather);
+  if (topology_.rank == 0 && !hierarchical.empty()) {
+    HVD_LOG(WARNING) << hierarchical;
+  } else if (topology_.rank == 0 &&
+             (config_.hierarchical_allreduce || config_.hierarchical_allgather)) {
+    HVD_LOG(INFO) << "hierarchical"
+                  << (config_.hierarchical_allreduce ? " allreduce" : "")
+                  << (config_.hierarchical_allreduce && config_.hierarchical_allgather ? " and" : "")
+                  << (config_.hierarchical_allgather ? " allgather" : "") << " on "
+                  << topology_.cross_size << " hosts x " << topology_.local_size << " ranks";
+  }
   HVD_ASSIGN_OR_RETURN(std::vector<int> free_cpus, CpusNoRankIsBoundTo(backend_.get()));
   PlaceBackgroundThread(config_.thread_affinity, topology_, free_cpus);
   if (topology_.rank == 0) timeline_ = std::make_unique<timeline::Timeline>();
@@ -216,6 +233,37 @@ Status BackgroundLoop::Initialize() {
   return Status::OK();
 }
 
+Status BackgroundLoop::StartWatchdog() {
+  CollectiveWatchdog::Options options;
+  options.timeout_seconds = config_.collective_timeout_seconds;
+  options.rank = topology_.rank;
+  options.pending = [this] { return queue_->BlockedOn(); };
+  ops::Backend* backend = backend_.get();
+  options.on_timeout = [backend](const std::string& report) {
+    HVD_LOG(ERROR) << report << "\n  ending the job (" << backend->name() << " abort)";
+    // If the abort cannot end this process (it waits for a launcher it cannot reach), this does.
+    std::thread([] {
+      std::this_thread::sleep_for(kAbortGrace);
+      std::_Exit(kCollectiveTimeoutExitCode);
+    }).detach();
+    backend->Abort(kCollectiveTimeoutExitCode);
+  };
+  Result<std::unique_ptr<CollectiveWatchdog>> dog = CollectiveWatchdog::Create(std::move(options));
+  std::vector<uint8_t> mine;
+  if (dog.ok()) {
+    watchdog_ = std::move(*dog);
+    mine = watchdog_->Endpoint();
+  } else {  // every rank still takes part in the exchange below
+    HVD_LOG(WARNING) << dog.status().message() << "; this rank will not answer the others'";
+  }
+  std::vector<std::vector<uint8_t>> all;
+  HVD_RETURN_IF_ERROR(backend_->GatherBytes(mine, &all));
+  std::vector<uint8_t> table;
+  if (topology_.rank == 0) table = CollectiveWatchdog::MakeTable(all);
+  HVD_RETURN_IF_ERROR(backend_->BroadcastBytes(&table, 0));
+  return watchdog_ ? watchdog_->SetTable(table) : Status::OK();
+}
+
 Status BackgroundLoop::Loop() {
   const auto cycle_time = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
@@ -232,9 +280,11 @@ Status BackgroundLoop::Loop() {
     last_cycle = std::chrono::steady_clock::now();
     std::vector<Request> fresh = queue_->PopNewRequests();
     outstanding += fresh.size();
+    std::optional<CollectiveWatchdog::Scope> watch = Watch(nullptr);
     Result<CycleOutcome> outcome =
         controller_->RunCycle(std::move(fresh), queue_->shutdown_requested(), outstanding,
                             queue_->Blocked(), [this] { return queue_->BlockedOn(); });
+    watch.reset();
     if (!outcome.ok()) return outcome.status();
     if (!outcome->deadlocked.empty()) {  // identical on every rank: fail what can never run
       outstanding -= queue_->FailKeys(outcome->deadlocked, Status::Aborted(outcome->deadlock));
@@ -258,7 +308,10 @@ Status BackgroundLoop::Loop() {
     for (size_t i = 0; i < groups.size(); ++i) {
       const std::vector<int32_t>* group_rows = recording && !rows[i].empty() ? &rows[i] : nullptr;
       if (group_rows) timeline_->End(*group_rows);                     // QUEUE
-      Result<size_t> done = Execute(groups[i], group_rows);  // closes <OP>
+      Result<size_t> done = [&] {
+        std::optional<CollectiveWatchdog::Scope> watching = Watch(&groups[i]);
+        return Execute(groups[i], group_rows);  // closes <OP>
+      }();
       if (!done.ok()) return done.status();
       outstanding -= *done;
     }

@@ -31,10 +31,12 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "base/mutex.h"
+#include "common/collective_watchdog.h"
 #include "common/config.h"
 #include "common/counters.h"
 #include "common/horovod.h"
@@ -55,6 +57,10 @@ class BackgroundLoop {
   static constexpr std::chrono::milliseconds kIdleWait{100};
   // The pause in submissions that ends a burst (a Python allreduce_async_ takes ~5 us).
   static constexpr std::chrono::microseconds kBurstGap{100};
+  // A collective timeout ends the process with this code when the backend's abort (which
+  // normally ends it at once) has not within kAbortGrace.
+  static constexpr int kCollectiveTimeoutExitCode = 75;
+  static constexpr std::chrono::seconds kAbortGrace{10};
 
   BackgroundLoop(TensorQueue* queue, ProcessSetTable* sets, Counters* counters);
   ~BackgroundLoop();
@@ -85,6 +91,13 @@ class BackgroundLoop {
   // Initialises the backend and the protocol state, on the background thread.
   Status Initialize();
   Status Loop();
+  // HOROVOD_COLLECTIVE_TIMEOUT_SECONDS: starts the watchdog and exchanges its endpoints.
+  Status StartWatchdog();
+  // The watchdog's mark around a negotiation round (nullptr) or a group; none without one.
+  std::optional<CollectiveWatchdog::Scope> Watch(const Response* group) {
+    if (!watchdog_) return std::nullopt;
+    return watchdog_->Watch(group);
+  }
   // Runs one agreed group; returns how many of this rank's entries it completed.
   Result<size_t> Execute(const Response& group, const std::vector<int32_t>* rows);
   void Finish(const Status& why);
@@ -101,6 +114,7 @@ class BackgroundLoop {
   // Made on the background thread once the backend is up; used by it only.
   std::unique_ptr<Controller> controller_;
   std::unique_ptr<OpExecutor> executor_;
+  std::unique_ptr<CollectiveWatchdog> watchdog_;  // null when the timeout is off or size is 1
   std::thread thread_;
 
   mutable Mutex mu_;

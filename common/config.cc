@@ -377,8 +377,6 @@ struct ForeignSetting {
   const char* advice;
 };
 constexpr ForeignSetting kHorovodSettings[] = {
-    {"HOROVOD_HIERARCHICAL_ALLREDUCE", "collectives are flat; the setting is ignored"},
-    {"HOROVOD_HIERARCHICAL_ALLGATHER", "collectives are flat; the setting is ignored"},
     {"HOROVOD_AUTOTUNE",
      "there is no autotuner; set HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME directly"},
     {"HOROVOD_AUTOTUNE_LOG", "there is no autotuner"},

@@ -55,7 +55,8 @@ class TensorQueue {
   // Background thread. Whether a thread of this rank is blocked waiting on an operation that
   // has not started running (still queued): the deadlock vote, asked every cycle.
   bool Blocked() const;
-  // Background thread. The requests those blocked threads wait for (for the deadlock message).
+  // Any thread. The requests those blocked threads wait for (for the deadlock message and the
+  // collective timeout's report).
   std::vector<Request> BlockedOn() const;
   // Background thread. Completes the queued entries of `keys` with `status` (callbacks
   // outside the lock); returns how many there were.

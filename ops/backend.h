@@ -11,7 +11,9 @@
 // Backend (Initialize and Finalize included), so implementations need no locking.
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "base/status.h"
@@ -45,6 +47,17 @@ class Backend {
   // Releases everything Initialize created (and finalises MPI if Initialize started it).
   virtual Status Finalize() = 0;
   virtual const Topology& topology() const = 0;
+  // Asks for the hierarchical algorithms (HOROVOD_HIERARCHICAL_ALLREDUCE / _ALLGATHER) on the
+  // global process set; every rank calls it after Init with the same (agreed) values. Returns
+  // a warning for the log when one cannot be used (e.g. hosts with different numbers of
+  // ranks: the flat algorithm stays), identical on every rank; empty when all is well.
+  virtual std::string UseHierarchical(bool allreduce, bool allgather) {
+    return allreduce || allgather ? std::string(name()) + " has no hierarchical collectives"
+                                  : std::string();
+  }
+  // Ends the whole job as fast as the transport can (MPI_Abort), from any thread; it may not
+  // return. Used by the collective timeout. The default ends this process only.
+  virtual void Abort(int code) { std::_Exit(code); }
 
   // ---- control plane ----
   // Bitwise AND of `words` across all ranks, in place.

@@ -97,6 +97,9 @@ class MpiBackend final : public Backend {
     }
   }
   const Topology& topology() const override { return topo_; }
+  // mpirun stops every rank. Called from the watchdog's thread while the background thread
+  // may be blocked in a collective (Open MPI gives MPI_THREAD_MULTIPLE; docs/design.md).
+  void Abort(int code) override { MPI_Abort(MPI_COMM_WORLD, code); }
 
   Status Initialize() override {
     int initialized = 0, finalized = 0;
@@ -249,6 +252,9 @@ class MpiBackend final : public Backend {
     HVD_RETURN_IF_ERROR(MpiOp(dtype, op, &mpi_op));
     const MPI_Datatype mpi_type = MpiType(dtype);
     const int64_t elem = DataTypeSize(dtype);
+    if (ps == kGlobalProcessSetId && hier_allreduce_) {
+      return HierarchicalAllreduce(send, recv, count, elem, mpi_type, mpi_op);
+    }
     const bool in_place = send == nullptr || send == recv;
     for (int64_t done = 0; done < count; done += kMaxCountPerCall) {
       const int n = static_cast<int>(std::min(kMaxCountPerCall, count - done));
@@ -288,6 +294,11 @@ class MpiBackend final : public Backend {
     int sc = 0;
     HVD_RETURN_IF_ERROR(ToInt(send_count, &sc, "allgather"));
     const MPI_Datatype t = MpiType(dtype);
+    if (ps == kGlobalProcessSetId && hier_allgather_) {
+      HVD_ASSIGN_OR_RETURN(bool done,
+                           HierarchicalAllgatherv(send, sc, recv, c, d, t, DataTypeSize(dtype)));
+      if (done) return Status::OK();
+    }
     HVD_MPI_CHECK(MPI_Allgatherv(send, sc, t, recv, c.data(), d.data(), t, comm));
     return Status::OK();
   }
@@ -389,6 +400,102 @@ class MpiBackend final : public Backend {
     return Status::OK();
   }
 
+  std::string UseHierarchical(bool allreduce, bool allgather) override {
+    hier_allreduce_ = hier_allgather_ = false;
+    if (!allreduce && !allgather) return std::string();
+    // Every host the same number of ranks (min == max); each host's ranks consecutive.
+    const int L = topo_.local_size;
+    int v[3] = {L, -L, topo_.rank == topo_.cross_rank * L + topo_.local_rank ? 1 : 0};
+    if (MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_INT, MPI_MIN, world_) != MPI_SUCCESS) {
+      return "hierarchical collectives: the hosts could not be compared; using the flat ones";
+    }
+    const bool alike = v[0] == -v[1];
+    const std::string hosts = "the hosts run different numbers of ranks (" +
+                              std::to_string(v[0]) + " to " + std::to_string(-v[1]) + ")";
+    std::string warning;
+    if (allreduce) {
+      hier_allreduce_ = alike;
+      if (!alike) warning = "HOROVOD_HIERARCHICAL_ALLREDUCE: " + hosts + "; using the flat allreduce";
+    }
+    if (allgather) {
+      hier_allgather_ = alike && v[2] == 1;
+      if (!hier_allgather_) {
+        warning += std::string(warning.empty() ? "" : "; ") + "HOROVOD_HIERARCHICAL_ALLGATHER: " +
+                   (alike ? std::string("each host's ranks are not consecutive (use --map-by slot)")
+                          : hosts) +
+                   "; using the flat allgather";
+      }
+    }
+    return warning;
+  }
+
+  // Reduce-scatter within the host, allreduce of each slice across hosts (among the ranks of
+  // one local rank), allgather within the host. Each host sends its buffer across once.
+  Status HierarchicalAllreduce(const void* send, void* recv, int64_t count, int64_t elem,
+                               MPI_Datatype t, MPI_Op op) {
+    const int L = topo_.local_size;
+    std::vector<int> counts(static_cast<size_t>(L)), displs(static_cast<size_t>(L));
+    const bool in_place = send == nullptr || send == recv;
+    for (int64_t done = 0; done < count; done += kMaxCountPerCall) {
+      const int64_t n = std::min(kMaxCountPerCall, count - done);
+      for (int i = 0; i < L; ++i) {
+        counts[static_cast<size_t>(i)] = static_cast<int>(n / L + (i < n % L ? 1 : 0));
+        displs[static_cast<size_t>(i)] =
+            i == 0 ? 0 : displs[static_cast<size_t>(i - 1)] + counts[static_cast<size_t>(i - 1)];
+      }
+      const int mine = counts[static_cast<size_t>(topo_.local_rank)];
+      slice_.resize(static_cast<size_t>(std::max(mine, 1) * elem));
+      char* r = static_cast<char*>(recv) + done * elem;
+      const char* s = in_place ? r : static_cast<const char*>(send) + done * elem;
+      HVD_MPI_CHECK(MPI_Reduce_scatter(s, slice_.data(), counts.data(), t, op, local_));
+      HVD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, slice_.data(), mine, t, op, cross_));
+      HVD_MPI_CHECK(
+          MPI_Allgatherv(slice_.data(), mine, t, r, counts.data(), displs.data(), t, local_));
+    }
+    return Status::OK();
+  }
+
+  // Gather to each host's first rank, allgather among those, broadcast within the host.
+  // Ranks are consecutive per host (UseHierarchical checked), so a host's rows are one block.
+  // Returns false (nothing done) when the layout is not the plain concatenation in rank order.
+  Result<bool> HierarchicalAllgatherv(const void* send, int sc, void* recv,
+                                      const std::vector<int>& c, const std::vector<int>& d,
+                                      MPI_Datatype t, int64_t elem) {
+    const int L = topo_.local_size, H = topo_.cross_size;
+    int64_t at = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      if (d[i] != at) return false;
+      at += c[i];
+    }
+    const int first = topo_.cross_rank * L;  // this host's first rank
+    char* block = static_cast<char*>(recv) + static_cast<int64_t>(d[static_cast<size_t>(first)]) * elem;
+    std::vector<int> local_counts(static_cast<size_t>(L)), local_displs(static_cast<size_t>(L));
+    for (int i = 0; i < L; ++i) {
+      local_counts[static_cast<size_t>(i)] = c[static_cast<size_t>(first + i)];
+      local_displs[static_cast<size_t>(i)] =
+          d[static_cast<size_t>(first + i)] - d[static_cast<size_t>(first)];
+    }
+    HVD_MPI_CHECK(MPI_Gatherv(send, sc, t, block, local_counts.data(), local_displs.data(), t, 0,
+                              local_));
+    if (topo_.local_rank == 0) {  // cross_ of local rank 0: the hosts' first ranks
+      std::vector<int> host_counts(static_cast<size_t>(H)), host_displs(static_cast<size_t>(H));
+      for (int h = 0; h < H; ++h) {
+        int64_t sum = 0;
+        for (int i = 0; i < L; ++i) sum += c[static_cast<size_t>(h * L + i)];
+        HVD_RETURN_IF_ERROR(ToInt(sum, &host_counts[static_cast<size_t>(h)], "allgather"));
+        host_displs[static_cast<size_t>(h)] = d[static_cast<size_t>(h * L)];
+      }
+      HVD_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, t, recv, host_counts.data(),
+                                   host_displs.data(), t, cross_));
+    }
+    const int64_t bytes = at * elem;
+    for (int64_t done = 0; done < bytes; done += kMaxCountPerCall) {
+      const int n = static_cast<int>(std::min(kMaxCountPerCall, bytes - done));
+      HVD_MPI_CHECK(MPI_Bcast(static_cast<char*>(recv) + done, n, MPI_BYTE, 0, local_));
+    }
+    return true;
+  }
+
   // MPI counts are 32-bit.
   static Status ToInt(int64_t v, int* out, const char* op) {
     if (v < 0 || v > INT_MAX) {
@@ -438,6 +545,9 @@ class MpiBackend final : public Backend {
   MPI_Op op16_min_ = MPI_OP_NULL;
   MPI_Op op16_max_ = MPI_OP_NULL;
   MPI_Op op16_prod_ = MPI_OP_NULL;
+  bool hier_allreduce_ = false;  // UseHierarchical: hosts alike
+  bool hier_allgather_ = false;  // ... and each host's ranks consecutive
+  std::vector<char> slice_;      // this rank's slice in a hierarchical allreduce
 };
 
 }  // namespace

@@ -6,6 +6,8 @@
 #   testbed.sh exec HOST CMD...     runs CMD as on HOST (its network and its hostname)
 #   testbed.sh status               the hosts that are up, their addresses and sshd
 #   testbed.sh link HOST up|down    takes a host's link down (a network fault) or back up
+#   testbed.sh kill HOST            kills every process on HOST but its sshd (a host whose
+#                                   job processes all died; the host itself stays up)
 #
 # Each host is a network namespace named after it with one interface, eth0, addressed
 # 10.200.0.(10+i)/24 and plugged into a bridge that lives in a namespace of its own
@@ -228,6 +230,16 @@ cmd_link() {
   in_ns "$h" ip link set eth0 "$state"
 }
 
+cmd_kill() {
+  local h=${1:-} keep="" pid
+  [[ -n $h ]] || die "usage: testbed.sh kill HOST"
+  ip netns list | awk '{print $1}' | grep -qx "$h" || die "no test host '$h'"
+  [[ -f $STATE/sshd-$h.pid ]] && keep=$(cat "$STATE/sshd-$h.pid")
+  for pid in $(ip netns pids "$h" 2>/dev/null); do
+    [[ $pid == "$keep" ]] || kill -KILL "$pid" 2>/dev/null || true
+  done
+}
+
 cmd_status() {
   local h
   for h in $(host_names); do
@@ -243,6 +255,7 @@ case "${1:-}" in
   down) cmd_down ;;
   exec) shift; cmd_exec "$@" ;;
   link) shift; cmd_link "$@" ;;
+  kill) shift; cmd_kill "$@" ;;
   status) cmd_status ;;
-  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -263,7 +263,9 @@ class Result(object):
     3' / 'signal 9 (Killed)') when mpirun reported one, ``tails`` {rank: last lines} and
     ``launcher_tail`` (mpirun's own untagged lines)."""
 
-    def __init__(self, returncode, failed_rank, failure, tails, launcher_tail):
+    def __init__(self, returncode, failed_rank, failure, tails, launcher_tail,
+                 stopped_after_abort=False):
+        self.stopped_after_abort = stopped_after_abort
         self.returncode = returncode
         self.failed_rank = failed_rank
         self.failure = failure
@@ -273,6 +275,9 @@ class Result(object):
     def describe(self):
         """One paragraph saying why the job failed, with the failing rank's last lines."""
         text = "mpirun exited with %s" % proc.describe_exit(self.returncode)
+        if self.stopped_after_abort:
+            text = ("the job aborted and mpirun, waiting for a host it could not reach, was "
+                    "killed")
         if self.failed_rank is not None:
             text += ": rank %d exited with %s" % (self.failed_rank, self.failure)
         lines = self.tails.get(self.failed_rank) if self.failed_rank is not None else None
@@ -286,9 +291,15 @@ class Result(object):
 class Launch(object):
     """Runs an mpirun argv; ``on_line(rank, stream, text)`` gets every rank's line (rank None
     for mpirun's own). ``wait()`` returns a Result. Call from a thread that outlives the job
-    (the child dies with the thread that started it)."""
+    (the child dies with the thread that started it).
+
+    Once the job has aborted (MPI_Abort, e.g. by horovod_cpp's collective timeout), mpirun
+    stops every rank and exits; but it waits for good for a daemon on a host it can no longer
+    reach (a dead link). ``wait`` stops it ABORT_GRACE seconds after the abort."""
 
     TAIL = 30
+    ABORT_GRACE = 10.0
+    _ABORTED = ("MPI_ABORT was invoked", "collective timeout: rank ")
 
     def __init__(self, argv, on_line, env=None, cwd=None):
         self._on_line = on_line
@@ -298,6 +309,8 @@ class Launch(object):
         self._failed_rank = None
         self._failure = None
         self._pending_process = None
+        self._aborted_at = None
+        self.stopped_after_abort = False
         self.proc = proc.popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, env=env, cwd=cwd)
         self._readers = [threading.Thread(target=self._read, args=(f,), daemon=True,
@@ -317,6 +330,8 @@ class Launch(object):
                         self._parse_report(text)
                     else:
                         self._tails[rank].append(text)
+                    if self._aborted_at is None and any(m in text for m in self._ABORTED):
+                        self._aborted_at = time.monotonic()
                 self._on_line(rank, kind, text)
         stream.close()
 
@@ -341,17 +356,34 @@ class Launch(object):
         proc.stop_group(self.proc)
 
     def wait(self, timeout=None):
-        try:
-            returncode = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            returncode = proc.stop_group(self.proc)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        returncode = None
+        while returncode is None:
+            try:
+                returncode = self.proc.wait(1.0)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            with self._lock:
+                aborted_at = self._aborted_at
+            if aborted_at is not None and now - aborted_at > self.ABORT_GRACE:
+                self.stopped_after_abort = True
+                self._on_line(None, "stderr",
+                              "horovod_cpp: mpirun has not ended %g s after the job aborted "
+                              "(it waits for a host it cannot reach: see the ranks' messages "
+                              "above); killing it" % self.ABORT_GRACE)
+                returncode = proc.kill_group(self.proc)
+            elif deadline is not None and now >= deadline:
+                returncode = proc.stop_group(self.proc)
         for t in self._readers:
             t.join(5)
         # Whatever mpirun left behind in its session goes too.
         proc.stop_group(self.proc, grace=1.0)
         with self._lock:
             return Result(returncode, self._failed_rank, self._failure,
-                          {r: list(t) for r, t in self._tails.items()}, list(self._launcher))
+                          {r: list(t) for r, t in self._tails.items()}, list(self._launcher),
+                          self.stopped_after_abort)
 
 
 def forward_signals(launch):

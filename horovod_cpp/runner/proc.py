@@ -4,6 +4,7 @@ Every launcher process (mpirun, orted, the ranks' shell) runs in its own session
 whole process group can be signalled, and gets PR_SET_PDEATHSIG: if the thread that started it
 dies, the kernel sends it SIGTERM. ``stop_group`` is SIGTERM, a grace period, then SIGKILL.
 """
+import collections
 import ctypes
 import os
 import signal
@@ -45,6 +46,40 @@ def stop_group(proc, grace=3.0):
         time.sleep(0.05)
     _signal_group(proc.pid, signal.SIGKILL)
     return proc.wait()
+
+
+def kill_group(proc):
+    """SIGKILLs ``proc``, its process group and its other descendants at once (mpirun starts
+    ssh in groups of their own); returns its exit status. For a process known to be stuck (a
+    SIGTERM would only add its own noise)."""
+    others = descendants(proc.pid)
+    _signal_group(proc.pid, signal.SIGKILL)
+    for pid in others:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return proc.wait()
+
+
+def descendants(pid):
+    """The pids below ``pid`` in the process tree (Linux /proc), children first."""
+    children = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children[ppid].append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def _signal_group(pgid, sig):

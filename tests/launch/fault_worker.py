@@ -3,6 +3,8 @@
     fault_worker.py kill   RANK STEPS    rank RANK SIGKILLs itself after STEPS allreduces
     fault_worker.py raise  RANK STEPS    rank RANK raises RuntimeError after STEPS training steps
     fault_worker.py stall  RANK          rank RANK never submits the tensor the others reduce
+    fault_worker.py stop   RANK STEPS    rank RANK freezes (SIGSTOP) after STEPS allreduces, as a
+                                         hung host would: alive, sockets open, nothing answers
 
 Every rank prints "step N" as it goes, so the test can see that the survivors were working.
 """
@@ -20,12 +22,13 @@ def main():
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     hvd.init()
     rank = hvd.rank()
-    if mode == "kill":
+    if mode in ("kill", "stop"):
         x = torch.ones(1 << 16)
         for step in range(10 ** 9):  # the survivors never stop on their own
             if rank == victim and step == steps:
-                print("rank %d: killing myself" % rank, flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
+                print("rank %d: %s myself" % (rank, "killing" if mode == "kill" else "stopping"),
+                      flush=True)
+                os.kill(os.getpid(), signal.SIGKILL if mode == "kill" else signal.SIGSTOP)
             hvd.allreduce(x, name="grad.%d" % (step % 7))
             if step % 50 == 0:
                 print("step %d" % step, flush=True)

@@ -6,6 +6,7 @@ on how long survivors may linger after a fault is a hang bound, not a speed targ
 """
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -46,6 +47,28 @@ def test_rank_killed_mid_allreduces_ends_the_job_naming_it(np, victim):
     # Startup (imports) takes a few seconds per rank here; the rest is how long survivors
     # lingered after the kill.
     assert elapsed < LINGER_S + 30, "job took %.1f s after a rank was killed" % elapsed
+
+
+@pytest.mark.parametrize("np,victim", [(2, 1), (3, 0)])
+def test_frozen_rank_ends_the_job_by_the_collective_timeout_naming_it(np, victim):
+    # A stopped process keeps its sockets: MPI and the watchdog's probe connect but nothing
+    # answers, as with a hung host. The others time out after 3 s, find it silent for the
+    # 5 s probe, and MPI_Abort; mpirun then ends every rank, the frozen one included.
+    r, elapsed = mpirun(np, ["stop", str(victim), "60"],
+                        env={"HOROVOD_COLLECTIVE_TIMEOUT_SECONDS": "3"})
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "rank %d: stopping myself" % victim in out
+    survivor = 1 if victim == 0 else 0
+    assert "collective timeout: rank %d (%s) has waited" % (survivor, socket.gethostname()) in out
+    assert "longer than HOROVOD_COLLECTIVE_TIMEOUT_SECONDS=3" in out, out
+    assert "no answer within 5 s from rank %d on host %s" % (victim, socket.gethostname()) in out
+    assert "this rank waits for allreduce 'allreduce.grad." in out, out
+    # (Open MPI's own "MPI_ABORT was invoked" notice is not asserted: when two ranks abort at
+    # once, mpirun sometimes fails to print it, "ORTE_ERROR_LOG: Data unpack would read past
+    # end of buffer in show_help.c".)
+    # Startup, 3 s of timeout, 5 s of probe; the rest is a hang bound.
+    assert elapsed < LINGER_S + 30, "job took %.1f s after a rank froze" % elapsed
 
 
 def test_rank_killed_through_hvdrun_names_the_rank_and_exits_137():

@@ -2,8 +2,10 @@
 # The cross-host tests, on the test bed of scripts/testbed.sh (3 hosts made on this machine):
 # the core, collectives, process-set and join suites at 2 hosts x 2 ranks and 3 hosts x 1 rank,
 # the Python suite (DistributedOptimizer against one process on the full batch, every op) at
-# 2 x 2, a timeline recorded in a cross-host job, and what each rank sees of its host and of
-# the launching shell's environment. Every job runs under its own timeout; the test bed is
+# 2 x 2, a timeline recorded in a cross-host job, what each rank sees of its host and of the
+# launching shell's environment, and faults (a link down and a host's processes killed in the
+# middle of allreduces, an sshd stopped, a host unreachable at start) that must end the job in
+# bounded time, naming the host. Every job runs under its own timeout; the test bed is
 # torn down on every exit, and the last check is that nothing of it is left.
 #   tests/multihost/run.sh          (as root, after the default build and .venv)
 set -euo pipefail
@@ -33,11 +35,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-run() {  # run NAME TIMEOUT CMD...: one job on hvd-h1, bounded in time
+run() {  # run NAME TIMEOUT CMD...: one job on hvd-h1, bounded in time. With EXPECT set, its
+         # output must also hold that line (fixed string) exactly once.
   local name=$1 limit=$2
   shift 2
   local start=$SECONDS
-  if timeout -k 10 "$limit" "$TESTBED" exec hvd-h1 "$@" > "/tmp/hvd-multihost.$$.log" 2>&1; then
+  if timeout -k 10 "$limit" "$TESTBED" exec hvd-h1 "$@" > "/tmp/hvd-multihost.$$.log" 2>&1 &&
+     { [[ -z ${EXPECT:-} ]] || [[ $(grep -cF -- "$EXPECT" "/tmp/hvd-multihost.$$.log") == 1 ]]; }; then
     echo "multihost: ok   $name ($((SECONDS - start)) s)"
   else
     local rc=$?
@@ -71,6 +75,24 @@ done
 run "python suite -H hvd-h1:2,hvd-h2:2" 600 sh -c "cd '$ROOT_DIR/tests/python' && \
   '${HVDRUN[0]}' -np 4 -H hvd-h1:2,hvd-h2:2 '$PY' -m pytest -q -x"
 
+# Hierarchical allreduce and allgather at 2 x 2 (every op, dtype and scale factor of the core
+# and collectives suites, checked against hand-computed expectations, as the flat runs above):
+# rank 0 says they are on. At 2 + 1 ranks the hosts differ: one warning, flat results.
+for suite in mpi_core_tests mpi_collectives_tests; do
+  EXPECT="INFO: hierarchical allreduce and allgather on 2 hosts x 2 ranks" \
+    run "$suite hierarchical -H hvd-h1:2,hvd-h2:2" 300 "${HVDRUN[@]}" -np 4 -H hvd-h1:2,hvd-h2:2 \
+    --hierarchical-allreduce --hierarchical-allgather --log-level info \
+    "$ROOT_DIR/build/tests/$suite" --gtest_brief=1
+done
+EXPECT="HOROVOD_HIERARCHICAL_ALLREDUCE: the hosts run different numbers of ranks (1 to 2); using the flat allreduce" \
+  run "mpi_collectives_tests hierarchical -H hvd-h1:2,hvd-h2:1 (flat)" 300 "${HVDRUN[@]}" -np 3 \
+  -H hvd-h1:2,hvd-h2:1 --hierarchical-allreduce "$ROOT_DIR/build/tests/mpi_collectives_tests" \
+  --gtest_brief=1
+
+# horovod_cpp.runner.run from a test host: every rank's return value, each from its own host.
+run "runner.run -H hvd-h1:2,hvd-h2:2" 120 sh -c "cd '$ROOT_DIR/tests/multihost' && '$PY' run_fn.py \
+  hvd-h1:2,hvd-h2:2 4 hvd-h1,hvd-h1,hvd-h2,hvd-h2"
+
 # A timeline recorded by rank 0 in a cross-host job: valid JSON with every rank's tensor.
 timeline=/tmp/hvd-multihost-timeline.$$.json
 run "timeline -H hvd-h1:2,hvd-h2:2" 120 env HVD_MULTIHOST_MARK="forwarded to every host" \
@@ -78,6 +100,45 @@ run "timeline -H hvd-h1:2,hvd-h2:2" 120 env HVD_MULTIHOST_MARK="forwarded to eve
   --timeline-filename "$timeline" "$PY" "$ROOT_DIR/tests/multihost/check_hosts.py" \
   --hosts hvd-h1:2,hvd-h2:2 --timeline "$timeline"
 rm -f "$timeline"
+
+# Network faults in the middle of a job (4 ranks on hvd-h1:2,hvd-h2:2 running allreduces):
+# the job must end non-zero within BOUND s of the fault, its output matching EXPECT.
+COLLECTIVE_TIMEOUT=10
+fault_job() {  # NAME FAULT EXPECT BOUND (FAULT: a command run once every rank has done 100 steps)
+  local name=$1 fault=$2 expect=$3 bound=$4 log=/tmp/hvd-multihost-fault.$$.log rc=0 i
+  timeout -k 5 240 "$TESTBED" exec hvd-h1 env HOROVOD_COLLECTIVE_TIMEOUT_SECONDS=$COLLECTIVE_TIMEOUT \
+    "${HVDRUN[@]}" -np 4 -H hvd-h1:2,hvd-h2:2 "$PY" "$ROOT_DIR/tests/launch/fault_worker.py" \
+    kill 99 > "$log" 2>&1 &
+  local job=$!
+  for ((i = 0; i < 240; i++)); do  # at most 120 s for the job to start and run
+    [[ $(grep -c "<stdout>:step 100$" "$log") -ge 4 ]] && break
+    kill -0 "$job" 2>/dev/null || break
+    sleep 0.5
+  done
+  local start=$SECONDS
+  $fault
+  wait "$job" || rc=$?
+  local took=$((SECONDS - start))
+  if [[ $rc -ne 0 && $took -le $bound ]] && grep -Eq "$expect" "$log"; then
+    echo "multihost: ok   $name (exit $rc $took s after the fault: $(grep -Eo "$expect" "$log" | head -1))"
+  else
+    echo "multihost: FAIL $name (exit $rc $took s after the fault; expected non-zero within $bound s" \
+      "and output matching '$expect'):" >&2
+    grep -v "<stdout>:step" "$log" | tail -40 >&2
+    failures=$((failures + 1))
+  fi
+  rm -f "$log"
+}
+# A dead link: nothing answers, nothing is refused; MPI would wait for good. The collective
+# timeout (10 s) ends the ranks on hvd-h1 naming the silent ones; hvdrun stops mpirun, which
+# waits for hvd-h2's daemon. Bound: the timeout plus 30 s.
+fault_job "hvd-h2's link down mid-allreduce" "$TESTBED link hvd-h2 down" \
+  "no answer within 5 s from ranks 2, 3 on host hvd-h2" $((COLLECTIVE_TIMEOUT + 30))
+"$TESTBED" link hvd-h2 up
+"$TESTBED" kill hvd-h2  # what was left there, cut off from its job
+# Every process of a host killed (the host stays up and refuses): Open MPI notices at once.
+fault_job "every process on hvd-h2 killed mid-allreduce" "$TESTBED kill hvd-h2" \
+  "(on node hvd-h2|Peer host: +hvd-h2)" 30
 
 # Hosts that cannot be reached: hvdrun names them within --start-timeout and starts nothing.
 expect_unreachable() {  # NAME HOST WHY: hvdrun -H hvd-h1:1,HOST:1 must fail naming HOST

@@ -125,11 +125,14 @@ TEST(Config, KnobTableDescribesEveryKnobOnce) {
                                              "HOROVOD_CACHE_CAPACITY",
                                              "HOROVOD_LOG_LEVEL",
                                              "HOROVOD_STALL_CHECK_TIME_SECONDS",
+                                             "HOROVOD_COLLECTIVE_TIMEOUT_SECONDS",
                                              "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
                                              "HOROVOD_DEADLOCK_GRACE_SECONDS",
                                              "HOROVOD_TIMELINE",
                                              "HOROVOD_TIMELINE_MARK_CYCLES",
                                              "HOROVOD_DYNAMIC_PROCESS_SETS",
+                                             "HOROVOD_HIERARCHICAL_ALLREDUCE",
+                                             "HOROVOD_HIERARCHICAL_ALLGATHER",
                                              "HOROVOD_STALL_CHECK_DISABLE",
                                              "HOROVOD_THREAD_AFFINITY"};
   EXPECT_EQ(names, expected);
@@ -155,19 +158,19 @@ TEST(Config, StallCheckDisableTurnsTheInspectorOff) {
 TEST(Config, EveryHorovodVariableNotReadGetsOneWarning) {
   const std::vector<std::string> w = UnknownSettingWarnings(
       {"PATH", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHHOLD", "HOROVOD_CYCLE_TIMES",
-       "HOROVOD_AUTOTUNE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_WITH_PYTORCH",
+       "HOROVOD_AUTOTUNE", "HOROVOD_CONTROLLER", "HOROVOD_WITH_PYTORCH",
        "HOROVOD_ELASTIC", "HOROVOD_ZEBRA", "HOROVOD_HIERARCHICAL_ALLREDUSE",
        "HOROVOD_CYCLE_TIMES"});
   ASSERT_EQ(w.size(), 7u) << ::testing::PrintToString(w);  // sorted by name, once each
   EXPECT_EQ(w[0], "HOROVOD_AUTOTUNE is a Horovod setting that horovod_cpp does not implement: "
                   "there is no autotuner; set HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME "
                   "directly");
-  EXPECT_EQ(w[1], "HOROVOD_CYCLE_TIMES is not a horovod_cpp setting; did you mean "
+  EXPECT_EQ(w[1], "HOROVOD_CONTROLLER is a Horovod setting that horovod_cpp does not "
+                  "implement: negotiation always runs over MPI");
+  EXPECT_EQ(w[2], "HOROVOD_CYCLE_TIMES is not a horovod_cpp setting; did you mean "
                   "HOROVOD_CYCLE_TIME?");
-  EXPECT_EQ(w[2], "HOROVOD_FUSION_THRESHHOLD is not a horovod_cpp setting; did you mean "
+  EXPECT_EQ(w[3], "HOROVOD_FUSION_THRESHHOLD is not a horovod_cpp setting; did you mean "
                   "HOROVOD_FUSION_THRESHOLD?");
-  EXPECT_EQ(w[3], "HOROVOD_HIERARCHICAL_ALLREDUCE is a Horovod setting that horovod_cpp does "
-                  "not implement: collectives are flat; the setting is ignored");
   EXPECT_EQ(w[4], "HOROVOD_HIERARCHICAL_ALLREDUSE is not a horovod_cpp setting; did you mean "
                   "HOROVOD_HIERARCHICAL_ALLREDUCE?");
   EXPECT_NE(w[5].find("HOROVOD_WITH_PYTORCH is a Horovod build setting"), std::string::npos);

@@ -1,0 +1,122 @@
+// horovod_cpp — Apache-2.0
+#pragma once
+// The collective timeout (HOROVOD_COLLECTIVE_TIMEOUT_SECONDS): no rank waits for ever in a
+// collective that cannot finish. A blocking MPI call over a dead TCP link, or to a host whose
+// processes are stopped, can wait for many minutes or for good; the stall inspector cannot
+// help, because it runs on the background thread that is blocked.
+//
+// The background thread marks what it waits in (Watch: a negotiation round, or an agreed
+// group it executes). A thread of this class ("hvd-watchdog") looks every kTick; when one
+// mark has lasted longer than the timeout, it asks every other rank what it is doing over a
+// side channel that does not go through the backend: each rank listens on an ephemeral TCP
+// port, and the endpoints (host name, IPv4 addresses, port) and a job token were exchanged at
+// Init. Ranks that do not answer within the probe time are named with their hosts (a dead
+// link, a lost or stopped host); the others say what they wait in. The report goes to the
+// on_timeout callback once (the background loop logs it and ends the job).
+//
+// The listening thread keeps answering while this rank reports, so ranks that time out
+// together name each other correctly. Answers carry the token and the rank: a stray listener
+// on a reused address or port is never mistaken for a rank.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/mutex.h"
+#include "base/status.h"
+#include "common/message.h"
+
+namespace hvd {
+
+class CollectiveWatchdog {
+ public:
+  struct Options {
+    double timeout_seconds = 300;
+    double probe_seconds = 5;  // how long the other ranks have to answer
+    int rank = 0;
+    // Called once, on a thread of the watchdog, with the report. It may not return.
+    std::function<void(const std::string& report)> on_timeout;
+    // Optional, any thread: the requests this rank's threads are blocked on (named in the
+    // report when it times out in a negotiation round).
+    std::function<std::vector<Request>()> pending;
+  };
+  static constexpr std::chrono::milliseconds kTick{250};
+
+  // Listens on an ephemeral port of every address and starts the thread.
+  static Result<std::unique_ptr<CollectiveWatchdog>> Create(Options options);
+  ~CollectiveWatchdog();
+  CollectiveWatchdog(const CollectiveWatchdog&) = delete;
+  CollectiveWatchdog& operator=(const CollectiveWatchdog&) = delete;
+
+  // This rank's host name, IPv4 addresses and port, for the exchange at Init.
+  std::vector<uint8_t> Endpoint() const;
+  // Rank 0: the table every rank receives (a fresh token and every rank's Endpoint).
+  static std::vector<uint8_t> MakeTable(const std::vector<std::vector<uint8_t>>& endpoints);
+  // Every rank: adopts the table (before the first Watch).
+  Status SetTable(const std::vector<uint8_t>& table);
+
+  // Marks, on the background thread, that it waits in `group` (nullptr: a negotiation round)
+  // until the returned scope ends. `group` must outlive the scope.
+  class Scope {
+   public:
+    explicit Scope(CollectiveWatchdog* dog) : dog_(dog) {}
+    Scope(Scope&& o) noexcept : dog_(o.dog_) { o.dog_ = nullptr; }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    ~Scope() {
+      if (dog_) dog_->End();
+    }
+
+   private:
+    CollectiveWatchdog* dog_;
+  };
+  Scope Watch(const Response* group);
+
+  // What this rank waits in now, as a probe answers ("waiting 61 s in allreduce of 'w'
+  // (process set 0)" or "not in a collective").
+  std::string Activity();
+
+ private:
+  struct Peer {
+    std::string host;
+    std::vector<std::string> addresses;
+    uint16_t port = 0;
+  };
+  explicit CollectiveWatchdog(Options options) : options_(std::move(options)) {}
+  void Run();
+  void Serve(int fd);
+  std::string Report(double waited);
+  // rank -> answer ("" for none) of every other rank, within probe_seconds.
+  std::vector<std::string> Probe();
+  std::string ActivityLocked() HVD_REQUIRES(mu_);
+  void End();
+
+  const Options options_;
+  int listen_fd_ = -1;
+  uint16_t port_ = 0;
+  std::string host_;
+  std::vector<std::string> addresses_;
+  std::atomic<uint64_t> token_{0};  // read by the listening thread
+  std::vector<Peer> peers_;          // by rank, set before the first Watch
+
+  Mutex mu_;
+  bool watching_ HVD_GUARDED_BY(mu_) = false;
+  const Response* group_ HVD_GUARDED_BY(mu_) = nullptr;
+  std::chrono::steady_clock::time_point since_ HVD_GUARDED_BY(mu_);
+  uint64_t serial_ HVD_GUARDED_BY(mu_) = 0;  // one per Watch
+
+  std::atomic<bool> stop_{false};
+  bool fired_ = false;  // watchdog thread only
+  std::thread thread_;
+  std::thread reporter_;
+};
+
+// "allreduce of 'a', 'b' (+3 more) on process set 1" (group) or "a negotiation round".
+std::string DescribeGroup(const Response* group);
+
+}  // namespace hvd
