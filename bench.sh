@@ -8,17 +8,24 @@
 #   ./bench.sh --quick         fewer repetitions (noisier)
 #   ./bench.sh --no-horovod    skip the comparison with Horovod 0.28.1 (which the first run
 #                              builds from PyPI into .venv-horovod: about 2.5 minutes, once)
+#   ./bench.sh --no-hosts      skip the figures across test hosts (scripts/testbed.sh: 2 hosts
+#                              on this machine, links limited to 1 and 10 Gbit/s; needs root)
+#   ./bench.sh --hosts-only    only those (about 4 minutes)
 # Nothing here is a test: a missed target is reported, not failed. A wrong result (every
 # benchmark checks its sums and parameters) exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")"
 quick=0
 horovod=1
+hosts=1
+only_hosts=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) quick=1; shift ;;
     --no-horovod) horovod=0; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --no-hosts) hosts=0; shift ;;
+    --hosts-only) hosts=1; only_hosts=1; shift ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -26,7 +33,7 @@ scripts/install_deps.sh
 source scripts/mpi_env.sh
 scripts/setup_venv.sh
 scripts/build.sh build -DPython3_EXECUTABLE=/usr/bin/python3
-if ((horovod)); then scripts/setup_horovod.sh; fi
+if ((horovod && !only_hosts)); then scripts/setup_horovod.sh; fi
 start=$SECONDS
 
 # As hvdrun launches: no binding (two busy threads per rank), MPI yields the core while it waits.
@@ -37,39 +44,85 @@ PLAIN=(mpirun -np 2)
 if ((quick)); then
   AR=(--reps 8 --resnet-reps 4 --latency-reps 300 --idle-seconds 5); TL=(--blocks 10)
   ST=(--blocks 3 --steps 8); PP=(--reps 15); VH=(--reps 6 --blocks 3); ROUNDS=2
+  XR=(--reps 3 --resnet-reps 2); XS=(--steps 10)
 else
   AR=(--reps 60 --resnet-reps 20); TL=(); ST=(--blocks 16); PP=(); VH=(); ROUNDS=3
+  XR=(--reps 8 --resnet-reps 4); XS=(--steps 30)
 fi
+if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT; fi
 {
   echo "# $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), $(mpirun --version | head -1), $(date -u +%Y-%m-%dT%H:%MZ)"
-  echo "# shared memory (Open MPI's default transports)"
-  "${MPIRUN[@]}" build/examples/bench/allreduce_bench --transport shm "${AR[@]}"
-  echo "# TCP loopback (--mca btl tcp,self)"
-  "${MPIRUN[@]}" --mca btl tcp,self build/examples/bench/allreduce_bench --transport tcp \
-    --figures G1,G3,G4,G5 "${AR[@]}"
-  echo "# timeline on vs off"
-  "${MPIRUN[@]}" build/examples/bench/timeline_overhead "${TL[@]}"
-  echo "# training throughput vs torch DDP (gloo)"
-  "${MPIRUN[@]}" .venv/bin/python examples/bench/synthetic_train.py "${ST[@]}"
-  echo "# the same under plain mpirun -np 2 (default binding)"
-  "${PLAIN[@]}" .venv/bin/python examples/bench/synthetic_train.py "${ST[@]}" --ids T5,T6 \
-    --label _plain_mpirun
-  echo "# many small tensors from Python vs one mpi4py Allreduce per tensor"
-  "${MPIRUN[@]}" .venv/bin/python examples/bench/python_path.py --id P1 --label hvdrun "${PP[@]}"
-  "${PLAIN[@]}" .venv/bin/python examples/bench/python_path.py --id P2 --label plain_mpirun \
-    "${PP[@]}"
-  if ((horovod)); then
-    echo "# horovod_cpp vs Horovod 0.28.1: the same script, $ROUNDS alternating rounds each"
-    results=$(mktemp -d build/vs_horovod.XXXXXX)
-    for ((round = 1; round <= ROUNDS; round++)); do
-      for impl in $( ((round % 2)) && echo "horovod_cpp horovod" || echo "horovod horovod_cpp"); do
-        python=.venv/bin/python
-        [[ $impl == horovod ]] && python=.venv-horovod/bin/python
-        "${MPIRUN[@]}" "$python" examples/bench/vs_horovod.py --impl "$impl" "${VH[@]}" \
-          --out "$results/$impl.$round.jsonl" > "$results/$impl.$round.log"
+  if ((!only_hosts)); then
+    echo "# shared memory (Open MPI's default transports)"
+    "${MPIRUN[@]}" build/examples/bench/allreduce_bench --transport shm "${AR[@]}"
+    echo "# TCP loopback (--mca btl tcp,self)"
+    "${MPIRUN[@]}" --mca btl tcp,self build/examples/bench/allreduce_bench --transport tcp \
+      --figures G1,G3,G4,G5 "${AR[@]}"
+    echo "# timeline on vs off"
+    "${MPIRUN[@]}" build/examples/bench/timeline_overhead "${TL[@]}"
+    echo "# training throughput vs torch DDP (gloo)"
+    "${MPIRUN[@]}" .venv/bin/python examples/bench/synthetic_train.py "${ST[@]}"
+    echo "# the same under plain mpirun -np 2 (default binding)"
+    "${PLAIN[@]}" .venv/bin/python examples/bench/synthetic_train.py "${ST[@]}" --ids T5,T6 \
+      --label _plain_mpirun
+    echo "# many small tensors from Python vs one mpi4py Allreduce per tensor"
+    "${MPIRUN[@]}" .venv/bin/python examples/bench/python_path.py --id P1 --label hvdrun "${PP[@]}"
+    "${PLAIN[@]}" .venv/bin/python examples/bench/python_path.py --id P2 --label plain_mpirun \
+      "${PP[@]}"
+    if ((horovod)); then
+      echo "# horovod_cpp vs Horovod 0.28.1: the same script, $ROUNDS alternating rounds each"
+      results=$(mktemp -d build/vs_horovod.XXXXXX)
+      for ((round = 1; round <= ROUNDS; round++)); do
+        for impl in $( ((round % 2)) && echo "horovod_cpp horovod" || echo "horovod horovod_cpp"); do
+          python=.venv/bin/python
+          [[ $impl == horovod ]] && python=.venv-horovod/bin/python
+          "${MPIRUN[@]}" "$python" examples/bench/vs_horovod.py --impl "$impl" "${VH[@]}" \
+            --out "$results/$impl.$round.jsonl" > "$results/$impl.$round.log"
+        done
       done
+      python3 examples/bench/compare_horovod.py "$results"
+    fi
+  fi  # !only_hosts
+  if ((hosts)); then
+    # Jobs start from hvd-h1 (the machine has no address on the test network). One rank per
+    # host for the scaling figure: each has a core of its own, so what it loses is network.
+    HOSTRUN=(scripts/testbed.sh exec hvd-h1 mpirun --allow-run-as-root --bind-to none
+             --map-by slot --mca mpi_yield_when_idle 1)
+    for rate in 1gbit 10gbit; do
+      scripts/testbed.sh up 2 --rate "$rate" > /dev/null
+      echo "# across 2 test hosts x 2 ranks, each host's link limited to $rate"
+      flat=$("${HOSTRUN[@]}" -np 4 -H hvd-h1:2,hvd-h2:2 build/examples/bench/allreduce_bench \
+             --transport tcp --figures G1,G3,G4 --sizes-mib 64 --label "_2x2_$rate" "${XR[@]}")
+      echo "$flat"
+      echo "# hierarchical allreduce (ours) vs flat MPI_Allreduce, 2 hosts x 2 ranks, $rate"
+      hier=$("${HOSTRUN[@]}" -np 4 -H hvd-h1:2,hvd-h2:2 -x HOROVOD_HIERARCHICAL_ALLREDUCE=1 \
+             build/examples/bench/allreduce_bench --transport tcp --figures G1 --sizes-mib 64 \
+             --g1-target 1.3 --label "_hierarchical_vs_flat_2x2_$rate" "${XR[@]}")
+      echo "$hier"
+      # Hierarchical vs our own flat path (the two runs above, one after the other).
+      python3 - "$(grep 'FIGURE G1 ' <<< "$flat")" "$(grep 'FIGURE G1 ' <<< "$hier")" "$rate" <<'PY'
+import sys
+flat, hier = (dict(kv.split("=", 1) for kv in line.split()[2:]) for line in sys.argv[1:3])
+ratio = float(flat["p50_ms"]) / float(hier["p50_ms"])
+print("FIGURE X2 name=hierarchical_vs_our_flat_64MiB_2x2_%s p50_ms=%s baseline=our_flat "
+      "base_p50_ms=%s ratio=%.3f target=>=1.3 met=%s"
+      % (sys.argv[3], hier["p50_ms"], flat["p50_ms"], ratio, "yes" if ratio >= 1.3 else "no"))
+PY
+      echo "# training step (DistributedOptimizer, 4.2 M-parameter MLP): 1 host vs 2, a rank each"
+      one=$("${HOSTRUN[@]}" -np 1 -H hvd-h1:1 .venv/bin/python examples/bench/scaling.py \
+            "${XS[@]}" | grep "^SCALING")
+      two=$("${HOSTRUN[@]}" -np 2 -H hvd-h1:1,hvd-h2:1 .venv/bin/python \
+            examples/bench/scaling.py "${XS[@]}" | grep "^SCALING")
+      echo "$one"; echo "$two"
+      python3 - "$one" "$two" "$rate" <<'PY'
+import sys
+one, two = (dict(kv.split("=") for kv in line.split()[1:]) for line in sys.argv[1:3])
+eff = float(two["samples_per_s"]) / (2 * float(one["samples_per_s"]))
+print("FIGURE X1 name=scaling_1_to_2_hosts_%s p50_ms=%s baseline=1_host base_p50_ms=%s "
+      "ratio=%.3f target=none met=n/a" % (sys.argv[3], two["step_p50_ms"], one["step_p50_ms"], eff))
+PY
+      scripts/testbed.sh down > /dev/null
     done
-    python3 examples/bench/compare_horovod.py "$results"
   fi
   if [[ -x build/examples/bench/nccl_bench ]]; then  # NCCL builds; skips, saying so, without a GPU
     echo "# CUDA tensors: horovod_cpp's NCCL path vs raw NCCL calls (one rank per GPU)"
