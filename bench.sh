@@ -2,15 +2,16 @@
 # Every performance figure in one command: install what is missing, build, then run the
 # benchmarks in examples/bench/ on 2 ranks. Each figure is one line
 #   FIGURE <id> name=... p50_ms=... p90_ms=... baseline=... ratio=... target=... met=yes|no|n/a
-# where ratio is against a baseline measured in the same run. Takes about 3 minutes on 2 cores.
-#   ./bench.sh                 all figures (allreduce over shared memory and TCP, timeline
-#                              overhead, training throughput vs DDP)
+# where ratio is against a baseline measured in the same run. About 15 minutes on 2 cores,
+# 10 of them across test hosts.
+#   ./bench.sh                 all figures (allreduce over shared memory, TCP and test hosts,
+#                              timeline overhead, training throughput vs DDP)
 #   ./bench.sh --quick         fewer repetitions (noisier)
 #   ./bench.sh --no-horovod    skip the comparison with Horovod 0.28.1 (which the first run
 #                              builds from PyPI into .venv-horovod: about 2.5 minutes, once)
 #   ./bench.sh --no-hosts      skip the figures across test hosts (scripts/testbed.sh: 2 hosts
 #                              on this machine, links limited to 1 and 10 Gbit/s; needs root)
-#   ./bench.sh --hosts-only    only those (about 4 minutes)
+#   ./bench.sh --hosts-only    only those (about 10 minutes)
 # Nothing here is a test: a missed target is reported, not failed. A wrong result (every
 # benchmark checks its sums and parameters) exits non-zero.
 set -euo pipefail
@@ -25,7 +26,7 @@ while [[ $# -gt 0 ]]; do
     --no-horovod) horovod=0; shift ;;
     --no-hosts) hosts=0; shift ;;
     --hosts-only) hosts=1; only_hosts=1; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
