@@ -268,6 +268,11 @@ class MpiBackend final : public Backend {
   Status Broadcast(int32_t ps, void* buffer, int64_t bytes, int root) override {
     MPI_Comm comm;
     HVD_RETURN_IF_ERROR(Comm(ps, &comm));
+    return BroadcastOn(comm, buffer, bytes, root);
+  }
+
+  // MPI_Bcast of `bytes` on `comm`, in calls of at most kMaxCountPerCall.
+  static Status BroadcastOn(MPI_Comm comm, void* buffer, int64_t bytes, int root) {
     for (int64_t done = 0; done < bytes; done += kMaxCountPerCall) {
       const int n = static_cast<int>(std::min(kMaxCountPerCall, bytes - done));
       HVD_MPI_CHECK(MPI_Bcast(static_cast<char*>(buffer) + done, n, MPI_BYTE, root, comm));
@@ -488,11 +493,7 @@ class MpiBackend final : public Backend {
       HVD_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, t, recv, host_counts.data(),
                                    host_displs.data(), t, cross_));
     }
-    const int64_t bytes = at * elem;
-    for (int64_t done = 0; done < bytes; done += kMaxCountPerCall) {
-      const int n = static_cast<int>(std::min(kMaxCountPerCall, bytes - done));
-      HVD_MPI_CHECK(MPI_Bcast(static_cast<char*>(recv) + done, n, MPI_BYTE, 0, local_));
-    }
+    HVD_RETURN_IF_ERROR(BroadcastOn(local_, recv, at * elem, 0));
     return true;
   }
 

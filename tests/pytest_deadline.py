@@ -13,27 +13,10 @@ import threading
 
 import pytest
 
+# Every live process below a pid (from /proc): the launchers' own helper.
+from horovod_cpp.runner.proc import descendants  # noqa: F401  (tests/launch/conftest.py too)
+
 TEST_TIMEOUT = float(os.environ.get("HVD_TEST_TIMEOUT", "90"))
-
-
-def descendants(root):
-    """Every live process below ``root`` (from /proc)."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % entry) as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 @pytest.fixture(autouse=True)

@@ -69,15 +69,10 @@ def run(func, args=(), kwargs=None, np=1, hosts=None, hostfile=None, start_timeo
     command[0] = mpirun.find_mpirun()
     if verbose:
         print("horovod_cpp.runner.run: %s" % mpirun.quote(command), file=sys.stderr, flush=True)
+    unreachable = launch.unreachable_error(options, host_list)
+    if unreachable:
+        raise HorovodRunnerError(unreachable)
     remote = [h for h, _ in host_list or [] if not mpirun.is_this_host(h)]
-    if remote:
-        unreachable = mpirun.unreachable_hosts(
-            remote, options.start_timeout, mpirun.ssh_options(ssh_port, ssh_identity_file))
-        if unreachable:
-            raise HorovodRunnerError(
-                "%d host(s) did not answer ssh within start_timeout %g s: %s"
-                % (len(unreachable), options.start_timeout,
-                   "; ".join("%s: %s" % hw for hw in unreachable)))
 
     payload = pickle_main(functools.partial(func, *args), dict(kwargs or {}),
                           caller="horovod_cpp.runner.run")

@@ -189,6 +189,21 @@ def make_command(args, mpirun_path="mpirun", cpu_count=None):
     return argv, hosts
 
 
+def unreachable_error(args, hosts):
+    """Why the job cannot start: the hosts of ``hosts`` (make_command's) other than this one
+    that do not answer ssh within ``args.start_timeout``, each with ssh's reason; None when
+    all do."""
+    if not hosts:
+        return None
+    unreachable = mpirun.unreachable_hosts(
+        [h for h, _ in hosts], args.start_timeout,
+        mpirun.ssh_options(args.ssh_port, args.ssh_identity_file))
+    if not unreachable:
+        return None
+    return "%d host(s) did not answer ssh within --start-timeout %g s:\n  %s" % (
+        len(unreachable), args.start_timeout, "\n  ".join("%s: %s" % hw for hw in unreachable))
+
+
 def main(argv=None):
     parser = _parser()
     args = parser.parse_args(argv)
@@ -210,15 +225,10 @@ def main(argv=None):
         print("hvdrun: %s" % mpirun.quote(command), file=sys.stderr, flush=True)
     if args.dry_run:
         return 0
-    if hosts:
-        unreachable = mpirun.unreachable_hosts(
-            [h for h, _ in hosts], args.start_timeout,
-            mpirun.ssh_options(args.ssh_port, args.ssh_identity_file))
-        if unreachable:
-            print("hvdrun: error: %d host(s) did not answer ssh within --start-timeout %g s:\n  %s"
-                  % (len(unreachable), args.start_timeout,
-                     "\n  ".join("%s: %s" % hw for hw in unreachable)), file=sys.stderr)
-            return EXIT_UNREACHABLE
+    unreachable = unreachable_error(args, hosts)
+    if unreachable:
+        print("hvdrun: error: %s" % unreachable, file=sys.stderr)
+        return EXIT_UNREACHABLE
 
     def on_line(rank, stream, text):
         out = sys.stdout if stream == "stdout" else sys.stderr
