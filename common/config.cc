@@ -412,7 +412,7 @@ constexpr ForeignSetting kHorovodSettings[] = {
     {"HOROVOD_HOSTNAME", "hosts come from MPI (launch with mpirun or hvdrun)"},
 };
 // Read by horovod_cpp's Python layer, not by the core.
-constexpr const char* kReadByPython[] = {"HOROVOD_ELASTIC"};
+constexpr const char* kReadByPython[] = {"HOROVOD_ELASTIC", "HOROVOD_SPARK_START_TIMEOUT"};
 // Prefixes of Horovod's build-time settings (pip install horovod).
 constexpr const char* kBuildPrefixes[] = {"HOROVOD_WITH_",  "HOROVOD_WITHOUT_", "HOROVOD_BUILD_",
                                           "HOROVOD_CUDA_",  "HOROVOD_NCCL_",    "HOROVOD_CMAKE",

@@ -8,6 +8,12 @@
 #   testbed.sh link HOST up|down    takes a host's link down (a network fault) or back up
 #   testbed.sh kill HOST            kills every process on HOST but its sshd (a host whose
 #                                   job processes all died; the host itself stays up)
+#   testbed.sh spark up [--cores C] [--gpus G] [--python PY]
+#                                   a Spark standalone cluster: the master on hvd-h1, a worker
+#                                   on every other host (C cores each, default 2; G fake GPUs
+#                                   each, default 0); prints the master URL
+#   testbed.sh spark worker HOST    (re)starts HOST's worker (after `kill HOST`, say)
+#   testbed.sh spark down           stops the master, the workers and their executors
 #
 # Each host is a network namespace named after it with one interface, eth0, addressed
 # 10.200.0.(10+i)/24 and plugged into a bridge that lives in a namespace of its own
@@ -19,6 +25,13 @@
 # `Include` in ~/.ssh/config. From the machine itself (not on the test network) ssh reaches a
 # host through `nsenter --net=... nc` (ProxyCommand); MPI jobs are started from a host
 # (`testbed.sh exec hvd-h1 hvdrun -H hvd-h1:2,hvd-h2:2 ...`), as from a cluster's login node.
+#
+# The Spark cluster is pyspark's own (`spark-class` from the pyspark package of PY, default
+# the repository's .venv/bin/python): each daemon runs in its host's namespaces, binds to its
+# host's address (never loopback), and keeps its log and work directory under
+# /run/hvd-testbed/spark. With --gpus G each worker finds G GPUs through a discovery script
+# that reports fake addresses, different on each host (hvd-hN: 10N, 10N+1, ...), for testing
+# GPU placement without GPUs.
 #
 # --rate RATE limits every host's outgoing traffic with `tc qdisc ... tbf` (e.g. 1gbit,
 # 10gbit): a link between two hosts then carries RATE each way. Needs root; installs
@@ -77,6 +90,7 @@ remove_block() {  # remove_block FILE: drops the marked test-bed block, if any
 
 cmd_down() {
   local ns pid
+  cmd_spark_down
   for ns in $(host_names) $(ip netns list 2>/dev/null | awk '{print $1}' | grep -x "$NET_NS" || true); do
     # Every process still in the namespace (sshd, sessions, ranks) goes with it.
     for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
@@ -250,12 +264,175 @@ cmd_status() {
   done
 }
 
+
+# ---- a Spark standalone cluster on the test bed ---------------------------------------------
+SPARK_STATE=$STATE/spark
+SPARK_MASTER_PORT=7077
+SPARK_MASTER_UI=8080
+
+spark_home() {  # SPARK_HOME of the pyspark package of $SPARK_PY
+  "$SPARK_PY" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' 2>/dev/null ||
+    die "spark: $SPARK_PY cannot import pyspark (scripts/setup_venv.sh --spark installs it)"
+}
+
+# spark_daemon HOST NAME ARGS...: runs spark-class ARGS in HOST's namespaces as a daemon in a
+# session of its own; its pid goes to $SPARK_STATE/NAME.pid and its output to NAME.log.
+spark_daemon() {
+  local h=$1 name=$2
+  shift 2
+  local addr
+  addr=$(address_of "$h")
+  SPARK_LOCAL_IP=$addr SPARK_LOCAL_HOSTNAME=$h SPARK_HOME=$SPARK_HOME_DIR \
+    SPARK_DAEMON_MEMORY=${SPARK_DAEMON_MEMORY:-384m} SPARK_LOG_DIR=$SPARK_STATE \
+    PYSPARK_PYTHON=$SPARK_PY SPARK_WORKER_OPTS="${WORKER_OPTS:-}" \
+    setsid nsenter --net="/run/netns/$h" unshare --uts sh -c \
+    'hostname "$0" && exec "$@"' "$h" "$SPARK_HOME_DIR/bin/spark-class" "$@" \
+    > "$SPARK_STATE/$name.log" 2>&1 < /dev/null &
+  echo $! > "$SPARK_STATE/$name.pid"
+}
+
+spark_stop() {  # spark_stop NAME: the daemon, its session (a worker's executors) and below
+  local pidfile=$SPARK_STATE/$1.pid pid
+  [[ -f $pidfile ]] || return 0
+  pid=$(cat "$pidfile")
+  local tree
+  tree=$(spark_tree "$pid")
+  kill -TERM $tree 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL $tree $(spark_tree "$pid") 2>/dev/null || true
+  rm -f "$pidfile"
+}
+
+spark_tree() {  # spark_tree PID: PID and every process below it
+  local pid=$1 child
+  echo "$pid"
+  for child in $(pgrep -P "$pid" 2>/dev/null); do spark_tree "$child"; done
+}
+
+wait_for_log() {  # wait_for_log FILE TEXT SECONDS
+  local file=$1 text=$2 limit=$3 i
+  for ((i = 0; i < limit * 10; i++)); do
+    grep -qF -- "$text" "$file" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+spark_worker() {  # spark_worker HOST: (re)starts HOST's worker and waits for it to register
+  local h=$1 addr
+  addr=$(address_of "$h")
+  spark_stop "worker-$h"
+  local master_log=$SPARK_STATE/master.log before
+  before=$(grep -c "Registering worker $addr:" "$master_log" 2>/dev/null || true)
+  local opts="" gpus
+  gpus=$(cat "$SPARK_STATE/gpus")
+  if (( gpus > 0 )); then
+    opts="-Dspark.worker.resource.gpu.amount=$gpus"
+    opts+=" -Dspark.worker.resource.gpu.discoveryScript=$SPARK_STATE/gpu-discovery.sh"
+  fi
+  mkdir -p "$SPARK_STATE/work-$h"
+  WORKER_OPTS=$opts spark_daemon "$h" "worker-$h" org.apache.spark.deploy.worker.Worker \
+    --host "$addr" --cores "$(cat "$SPARK_STATE/cores")" --memory 2g \
+    --work-dir "$SPARK_STATE/work-$h" --webui-port 0 \
+    "spark://$(address_of hvd-h1):$SPARK_MASTER_PORT"
+  local i
+  for ((i = 0; i < 600; i++)); do  # at most 60 s
+    if (( $(grep -c "Registering worker $addr:" "$master_log" 2>/dev/null || true) > before )); then
+      return 0
+    fi
+    kill -0 "$(cat "$SPARK_STATE/worker-$h.pid")" 2>/dev/null || break
+    sleep 0.1
+  done
+  tail -20 "$SPARK_STATE/worker-$h.log" >&2
+  echo "testbed: spark: the worker on $h did not register with the master" >&2
+  return 1
+}
+
+write_gpu_discovery() {  # write_gpu_discovery G: the fake discovery script
+  cat > "$SPARK_STATE/gpu-discovery.sh" <<EOF
+#!/bin/sh
+# Fake GPUs for tests: $1 per host, addresses 10N, 10N+1, ... on hvd-hN (distinct per host).
+n=\$(hostname | sed 's/^hvd-h//')
+printf '{"name": "gpu", "addresses": ['
+i=0
+while [ \$i -lt $1 ]; do
+  [ \$i -gt 0 ] && printf ', '
+  printf '"%d"' \$((n * 10 + i))
+  i=\$((i + 1))
+done
+printf ']}\n'
+EOF
+  chmod +x "$SPARK_STATE/gpu-discovery.sh"
+}
+
+cmd_spark() {
+  local sub=${1:-}
+  shift || true
+  SPARK_PY=$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python
+  case "$sub" in
+    up)
+      local cores=2 gpus=0
+      while [[ $# -gt 0 ]]; do
+        case "$1" in
+          --cores) cores=${2:-}; shift 2 ;;
+          --gpus) gpus=${2:-}; shift 2 ;;
+          --python) SPARK_PY=${2:-}; shift 2 ;;
+          *) die "spark up: unknown argument '$1'" ;;
+        esac
+      done
+      [[ $cores =~ ^[0-9]+$ && $gpus =~ ^[0-9]+$ ]] || die "spark up: --cores and --gpus take numbers"
+      local hosts
+      hosts=$(host_names)
+      [[ $(echo "$hosts" | wc -w) -ge 2 ]] || die "spark up: needs the test bed (testbed.sh up N, N >= 2)"
+      command -v java >/dev/null || die "spark up: needs java (Java 17)"
+      SPARK_HOME_DIR=$(spark_home)
+      cmd_spark_down
+      mkdir -p "$SPARK_STATE"
+      echo "$cores" > "$SPARK_STATE/cores"
+      echo "$gpus" > "$SPARK_STATE/gpus"
+      echo "$SPARK_PY" > "$SPARK_STATE/python"
+      write_gpu_discovery "$gpus"
+      spark_daemon hvd-h1 master org.apache.spark.deploy.master.Master \
+        --host "$(address_of hvd-h1)" --port "$SPARK_MASTER_PORT" --webui-port "$SPARK_MASTER_UI"
+      if ! wait_for_log "$SPARK_STATE/master.log" "I have been elected leader" 60; then
+        tail -20 "$SPARK_STATE/master.log" >&2
+        cmd_spark_down
+        die "spark: the master did not start"
+      fi
+      local h
+      for h in $hosts; do
+        [[ $h == hvd-h1 ]] && continue
+        spark_worker "$h" || { cmd_spark_down; exit 1; }
+      done
+      echo "spark://$(address_of hvd-h1):$SPARK_MASTER_PORT"
+      ;;
+    worker)
+      [[ -n ${1:-} && -f $SPARK_STATE/cores ]] || die "usage: testbed.sh spark worker HOST (after spark up)"
+      SPARK_PY=$(cat "$SPARK_STATE/python")
+      SPARK_HOME_DIR=$(spark_home)
+      spark_worker "$1" || exit 1
+      ;;
+    down) cmd_spark_down ;;
+    *) die "usage: testbed.sh spark up [--cores C] [--gpus G] [--python PY] | worker HOST | down" ;;
+  esac
+}
+
+cmd_spark_down() {
+  [[ -d $SPARK_STATE ]] || return 0
+  local f
+  for f in "$SPARK_STATE"/worker-*.pid "$SPARK_STATE"/master.pid; do
+    [[ -f $f ]] && spark_stop "$(basename "$f" .pid)"
+  done
+  rm -rf "$SPARK_STATE"
+}
+
 case "${1:-}" in
   up) shift; cmd_up "$@" ;;
+  spark) shift; cmd_spark "$@" ;;
   down) cmd_down ;;
   exec) shift; cmd_exec "$@" ;;
   link) shift; cmd_link "$@" ;;
   kill) shift; cmd_kill "$@" ;;
   status) cmd_status ;;
-  *) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

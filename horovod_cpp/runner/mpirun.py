@@ -281,11 +281,25 @@ class Result(object):
         if self.failed_rank is not None:
             text += ": rank %d exited with %s" % (self.failed_rank, self.failure)
         lines = self.tails.get(self.failed_rank) if self.failed_rank is not None else None
+        timed_out = self._collective_timeout() if self.failed_rank is None else None
         if lines:
             text += "\nlast output of rank %d:\n  %s" % (self.failed_rank, "\n  ".join(lines))
+        elif timed_out:
+            text += "\n%s" % "\n".join(timed_out)
         elif self.failed_rank is None and self.launcher_tail:
             text += "\nlast output of mpirun:\n  %s" % "\n  ".join(self.launcher_tail)
         return text
+
+
+    def _collective_timeout(self):
+        """The first rank's report of a collective timeout (it names the silent ranks and
+        their hosts), or None."""
+        for rank in sorted(self.tails):
+            lines = self.tails[rank]
+            for i, line in enumerate(lines):
+                if "collective timeout: rank " in line:
+                    return lines[i:i + 8]
+        return None
 
 
 class Launch(object):

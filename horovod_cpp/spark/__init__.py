@@ -1,6 +1,8 @@
 """Running horovod_cpp from Spark: ``HorovodRunner(np=N).run(main, **kwargs)`` as in
-Databricks' sparkdl, and ``log_to_driver`` for messages from the ranks."""
-from horovod_cpp.spark.runner import HorovodRunner, HorovodRunnerError, RankError  # noqa: F401
+Databricks' sparkdl, ``run(fn, args, kwargs, num_proc)`` as ``horovod.spark.run`` (every rank's
+value), and ``log_to_driver`` for messages from the ranks."""
+from horovod_cpp.spark.runner import (HorovodRunner, HorovodRunnerError, RankError,  # noqa: F401
+                                      run)
 
 
 def log_to_driver(message):
@@ -10,4 +12,4 @@ def log_to_driver(message):
     rank_main.log_to_driver(message)
 
 
-__all__ = ["HorovodRunner", "HorovodRunnerError", "RankError", "log_to_driver"]
+__all__ = ["HorovodRunner", "HorovodRunnerError", "RankError", "log_to_driver", "run"]

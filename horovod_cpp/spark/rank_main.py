@@ -31,6 +31,19 @@ def _report_error(address, key, rank, exc, text):
     sys.stderr.write(text)
 
 
+def _use_task_gpus(rank):
+    """Under Spark with GPU resources: CUDA_VISIBLE_DEVICES from the tasks' GPU addresses
+    (task._layout), before anything can initialise CUDA; this task's own addresses in
+    HVD_SPARK_TASK_GPUS."""
+    table = os.environ.get("HVD_SPARK_RANK_GPUS")
+    if not table:
+        return
+    import json
+    mine = json.loads(table)[rank]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine["visible"])
+    os.environ["HVD_SPARK_TASK_GPUS"] = ",".join(mine["own"])
+
+
 def main():
     proc.watch_parent()  # orted killed: do not linger
     # Whole lines reach mpirun (it tags chunks, not lines) and the driver sees them promptly.
@@ -38,6 +51,7 @@ def main():
     address = os.environ["HVD_SPARK_JOB"]
     key = bytes.fromhex(os.environ["HVD_SPARK_KEY"])
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    _use_task_gpus(rank)
     # Run as __main__, this file is not the module log_to_driver imports: set the context there.
     import horovod_cpp.spark.rank_main as module
     module._job = (address, key, rank)

@@ -5,6 +5,12 @@ agent) in its own process group and stream its output back, then shares its addr
 ``BarrierTaskContext.allGather``. Task 0 starts mpirun with one "host" per distinct host hash
 and the rsh agent; all tasks then meet at a final barrier, and every service kills whatever it
 started before the task returns, so nothing outlives the Spark job.
+
+Every task also keeps a connection to the driver open and says "alive" on it once a second
+(``_Heartbeat``): the driver learns at once when a task's process dies (the connection closes)
+and within a bounded time when its host is cut off (silence), and names that host. Task 0
+asks the driver before it starts mpirun; the driver agrees once per run, so a barrier stage
+that Spark retries after a failure never starts a second training run.
 """
 import glob
 import hashlib
@@ -165,28 +171,97 @@ class _Forwarder(object):
         self._thread.join(10)
 
 
-def _launch(spec, infos):
-    """Task 0: start the ranks with mpirun and report how it ended to the driver."""
-    order = []
-    table = {}
+class _Heartbeat(object):
+    """This task's line to the driver: {"type": "task", ...} once, then {"type": "alive"} every
+    INTERVAL seconds until ``close`` says {"type": "bye"}. If the driver cannot be reached the
+    task carries on (the driver then reports the task silent)."""
+
+    INTERVAL = 1.0
+
+    def __init__(self, address, key, hello):
+        self._key = key
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        try:
+            self._sock = network.connect(address)
+            network.send(self._sock, key, dict(hello, type="task"))
+        except OSError as e:
+            sys.stderr.write("horovod_cpp: cannot reach the driver at %s: %s\n" % (address, e))
+            self._sock = None
+            return
+        self._thread = threading.Thread(target=self._run, daemon=True, name="hvd-heartbeat")
+        self._thread.start()
+
+    def send(self, message):
+        with self._lock:
+            if self._sock is None:
+                return
+            try:
+                network.send(self._sock, self._key, message)
+            except OSError:
+                self._sock.close()
+                self._sock = None
+
+    def _run(self):
+        while not self._stop.wait(self.INTERVAL):
+            self.send({"type": "alive"})
+
+    def close(self):
+        if self._sock is None:
+            return
+        self._stop.set()
+        self._thread.join(5)
+        self.send({"type": "bye"})
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+
+def _layout(infos):
+    """The mpirun hosts [(host, slots)] in task order (task 0's host first: rank 0 is there),
+    the rsh agent's table {host: [task service addresses]}, and every rank's GPU addresses.
+
+    mpirun maps ranks by slot, so a host's ranks are consecutive and its local rank j is
+    started by that host's j-th task. A rank sees the GPUs of all its host's tasks in
+    local-rank order, so that device ``local_rank`` (``torch.cuda.set_device(hvd.local_rank())``,
+    with one GPU per task) is the one Spark gave its own task."""
+    order, table, gpus = [], {}, {}
     for info in sorted(infos, key=lambda i: i["index"]):
         if info["host"] not in table:
             order.append(info["host"])
-            table[info["host"]] = []
+            table[info["host"]], gpus[info["host"]] = [], []
         table[info["host"]].append(info["addr"])
-    hosts = [(h, len(table[h])) for h in order]  # task 0's host first: rank 0 is there
+        gpus[info["host"]].append(info.get("gpus") or [])
+    hosts = [(h, len(table[h])) for h in order]
+    rank_gpus = []
+    for h in order:
+        visible = [a for task in gpus[h] for a in task]
+        rank_gpus += [{"visible": visible, "own": task} for task in gpus[h]]
+    return hosts, table, rank_gpus
+
+
+def _launch(spec, infos):
+    """Task 0: start the ranks with mpirun and report how it ended to the driver."""
+    hosts, table, rank_gpus = _layout(infos)
     key = spec["key"]
     env = dict(os.environ)
     env.update({"HVD_SPARK_TASKS": json.dumps(table), "HVD_SPARK_KEY": key.hex(),
                 "HVD_SPARK_JOB": spec["job"]})
+    passthrough = ["HVD_SPARK_JOB", "HVD_SPARK_KEY"]
+    if any(g["own"] for g in rank_gpus):
+        env["HVD_SPARK_RANK_GPUS"] = json.dumps(rank_gpus)
+        passthrough.append("HVD_SPARK_RANK_GPUS")
     agent = "%s -m horovod_cpp.spark.rsh_agent" % sys.executable
     argv = mpirun.build_command(
         spec["np"], [sys.executable] + list(RANK_COMMAND), hosts=hosts,
-        env=spec["env"],
-        passthrough=["HVD_SPARK_JOB", "HVD_SPARK_KEY"], mpi_args=spec["mpi_args"],
+        env=spec["env"], passthrough=passthrough, mpi_args=spec["mpi_args"],
         rsh_agent=agent, mpirun=mpirun.find_mpirun())
-    sys.stderr.write("horovod_cpp: %s\n" % mpirun.quote(argv))
+    command = "horovod_cpp: %s" % mpirun.quote(argv)
+    sys.stderr.write(command + "\n")
     forwarder = _Forwarder(spec["job"], key) if spec["stream"] else None
+    if forwarder is not None and spec.get("verbose"):
+        forwarder.line(None, "stderr", command)
 
     def on_line(rank, stream, text):
         # The executor's log keeps everything; the driver gets it with verbosity "all".
@@ -211,15 +286,29 @@ def barrier_task(spec):
 
         ctx = BarrierTaskContext.get()
         index = ctx.partitionId()
+        ip = ctx.getTaskInfos()[index].address.rpartition(":")[0] or "127.0.0.1"
+        heartbeat = _Heartbeat(spec["job"], spec["key"], {
+            "id": ctx.taskAttemptId(), "index": index, "host": socket.gethostname(), "ip": ip})
         service = TaskService(spec["key"])
         report = None
         try:
-            ip = ctx.getTaskInfos()[index].address.rpartition(":")[0] or "127.0.0.1"
+            gpu = (ctx.resources() or {}).get("gpu")
             mine = {"index": index, "addr": "%s:%d" % (ip, service.port),
-                    "host": host_hash(index if spec["host_per_task"] else "")}
+                    "host": host_hash(index if spec["host_per_task"] else ""),
+                    "gpus": list(gpu.addresses) if gpu is not None else [],
+                    "id": ctx.taskAttemptId()}
             infos = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
+            # This stage attempt's name: the least task attempt id of its tasks.
+            attempt = min(info["id"] for info in infos)
+            heartbeat.send({"type": "attempt", "attempt": attempt})
             if index == 0:
                 try:
+                    if not network.request(spec["job"], spec["key"],
+                                           {"type": "launch", "attempt": attempt}):
+                        raise RuntimeError(
+                            "horovod_cpp: not starting the ranks again: Spark retried the "
+                            "barrier stage after a failure, and the first attempt's training "
+                            "is what the driver reports")
                     report = _launch(spec, infos)
                 finally:
                     ctx.barrier()  # releases the other tasks whatever happened
@@ -227,6 +316,7 @@ def barrier_task(spec):
                 ctx.barrier()
         finally:
             service.stop()
+            heartbeat.close()
         if report is not None:
             yield report
 

@@ -228,3 +228,39 @@ def test_executors_without_horovod_cpp_get_a_clear_error(spark, tmp_path):
     assert "PYSPARK_PYTHON" in message and sys.executable in message
     assert "\tat " not in message and len(message) < 600  # no Java stack trace
     assert HorovodRunner(np=2).run(allreduce_ranks)[:3] == (0, 2, 1.0)  # and the next run works
+
+
+def test_the_driver_lets_the_ranks_start_once_and_names_a_lost_host():
+    # What a retried barrier stage's task 0 and the tasks' heartbeats see of the JobService.
+    from horovod_cpp.spark import network
+    from horovod_cpp.spark.runner import JobService
+    key = network.new_key()
+    job = JobService(key, b"", stream=False)
+    address = "127.0.0.1:%d" % job.port
+    try:
+        assert network.request(address, key, {"type": "launch", "attempt": 7}) is True
+        assert not job.retried()
+        assert network.request(address, key, {"type": "launch", "attempt": 9}) is False
+        assert job.retried()
+        alive = network.connect(address)
+        dying = network.connect(address)
+        for sock, index, host in ((alive, 0, "host-a"), (dying, 1, "host-b")):
+            network.send(sock, key, {"type": "task", "id": 100 + index, "index": index,
+                                     "host": host, "ip": "10.0.0.%d" % index})
+            network.send(sock, key, {"type": "attempt", "attempt": 7})
+        time.sleep(0.3)
+        assert job.tasks_started() == 2 and job.lost_tasks(5.0) == []
+        dying.close()  # its process died: lost at once
+        time.sleep(0.3)
+        assert [t["host"] for t in job.lost_tasks(5.0)] == ["host-b"]
+        assert job.describe_lost(5.0).startswith(
+            "lost host host-b (10.0.0.1): the connection of its Spark task 1 to the driver "
+            "closed 0 s ago")
+        time.sleep(1.2)  # host-a silent for longer than 1 s
+        assert [t["host"] for t in job.lost_tasks(1.0)] == ["host-a", "host-b"]
+        network.send(alive, key, {"type": "bye"})
+        time.sleep(0.3)
+        assert [t["host"] for t in job.lost_tasks(1.0)] == ["host-b"]
+        alive.close()
+    finally:
+        job.stop()

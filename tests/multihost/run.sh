@@ -21,6 +21,7 @@ leftovers() {  # prints what the test bed left behind, if anything
   [[ -e /run/hvd-testbed ]] && echo "/run/hvd-testbed"
   grep -l "hvd-testbed" /etc/hosts "$HOME/.ssh/config" 2>/dev/null || true
   pgrep -f "sshd -f /run/hvd-testbed" || true
+  pgrep -f "org.apache.spark.deploy" || true
   grep -q " /run/netns " /proc/mounts && [[ -z $(ls -A /run/netns) ]] && echo "/run/netns mount" || true
 }
 
@@ -100,6 +101,23 @@ run "timeline -H hvd-h1:2,hvd-h2:2" 120 env HVD_MULTIHOST_MARK="forwarded to eve
   --timeline-filename "$timeline" "$PY" "$ROOT_DIR/tests/multihost/check_hosts.py" \
   --hosts hvd-h1:2,hvd-h2:2 --timeline "$timeline"
 rm -f "$timeline"
+
+# A Spark standalone cluster across the hosts (testbed.sh spark): the master on hvd-h1, a
+# 2-core worker with 2 fake GPUs on hvd-h2 and hvd-h3, the driver on hvd-h1. HorovodRunner and
+# horovod_cpp.spark.run there (tests/multihost/spark: GPU placement first, a lost worker host
+# last); the suite's timings and what a lost host looks like are printed after it.
+spark_report=/tmp/hvd-spark-report.$$
+if master=$("$TESTBED" spark up --cores 2 --gpus 2 | tail -1); then
+  run "Spark cluster suite (2 workers x 2 cores)" 900 env HVD_SPARK_MASTER="$master" \
+    HVD_SPARK_REPORT="$spark_report" sh -c "cd '$ROOT_DIR/tests/multihost/spark' && \
+    '$PY' -m pytest test_gpus.py test_cluster.py"
+  [[ -f $spark_report ]] && sed 's/^/multihost: /' "$spark_report"
+else
+  echo "multihost: FAIL the Spark cluster did not start" >&2
+  failures=$((failures + 1))
+fi
+rm -f "$spark_report"
+"$TESTBED" spark down
 
 # Network faults in the middle of a job (4 ranks on hvd-h1:2,hvd-h2:2 running allreduces):
 # the job must end non-zero within BOUND s of the fault, its output matching EXPECT.
