@@ -14,6 +14,7 @@ import os
 import pickle
 import re
 import shlex
+import socket
 import sys
 import threading
 import time
@@ -453,12 +454,20 @@ class JobService(object):
         self._launched = None  # the stage attempt whose task 0 started mpirun
         self._refused = []
         self._lost = None  # (text, retried) once the driver called a host lost
+        self._task_socks = []  # the tasks' heartbeat connections, closed by stop()
         self._print_lock = threading.Lock()
         self._service = network.Service(key, self._handle)
         self.port = self._service.port
 
     def stop(self):
         self._service.stop()
+        with self._lock:
+            socks, self._task_socks = self._task_socks, []
+        for sock in socks:  # a task cut off from this host would hold its thread for good
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _handle(self, sock, message):
         kind = message.get("type")
@@ -495,6 +504,7 @@ class JobService(object):
                  "ip": hello["ip"], "last": time.monotonic(), "closed": None, "done": False}
         with self._lock:
             self._tasks[hello["id"]] = entry
+            self._task_socks.append(sock)
         try:
             while True:
                 message = network.recv(sock, self._service.key)

@@ -289,9 +289,10 @@ def barrier_task(spec):
         ip = ctx.getTaskInfos()[index].address.rpartition(":")[0] or "127.0.0.1"
         heartbeat = _Heartbeat(spec["job"], spec["key"], {
             "id": ctx.taskAttemptId(), "index": index, "host": socket.gethostname(), "ip": ip})
-        service = TaskService(spec["key"])
+        service = None
         report = None
         try:
+            service = TaskService(spec["key"])
             gpu = (ctx.resources() or {}).get("gpu")
             mine = {"index": index, "addr": "%s:%d" % (ip, service.port),
                     "host": host_hash(index if spec["host_per_task"] else ""),
@@ -315,7 +316,8 @@ def barrier_task(spec):
             else:
                 ctx.barrier()
         finally:
-            service.stop()
+            if service is not None:
+                service.stop()
             heartbeat.close()
         if report is not None:
             yield report
