@@ -18,34 +18,42 @@ scripts/build.sh build -DHVD_WERROR=ON -DPython3_EXECUTABLE=/usr/bin/python3 \
   -DHVD_TEST_PYTHON="$PWD/.venv/bin/python"
 (cd build && ctest --output-on-failure -j 2 --timeout 600)
 
+# 3-5 compile in the background, at the lowest CPU priority, while 2b runs: the cross-host
+# suite mostly waits (Spark's JVMs, collective timeouts, faults), so the compilers fill its idle
+# CPU without slowing it (nice 19 against 0 is ~1.5% of a contended core).
+#  3. The CPU-only configuration (no NCCL, no LibTorch, no Python module) must build and pass
+#     on its own; it is built with AddressSanitizer + UndefinedBehaviorSanitizer, so every C++
+#     test (unit, MPI, examples) also runs under them.
+#  4. The threaded core (queue, background loop, executor, timeline writer; ranks simulated in
+#     one process, tests/unit/simulated_ranks_test.cc) under ThreadSanitizer.
+#  5. The thread-safety annotations (HVD_GUARDED_BY, HVD_REQUIRES on hvd::Mutex, base/mutex.h)
+#     checked by clang -Wthread-safety -Werror over the core and the unit tests: a guarded field
+#     touched without its mutex fails here.
+# (scripts/build_checks.sh). setsid: its own process group, stopped whole if test.sh fails.
+setsid nice -n 19 scripts/build_checks.sh > build-background.log 2>&1 &
+builds=$!
+trap 'kill -- -$builds 2>/dev/null || true' EXIT
+
 # 2b. Across hosts: a test bed of 3 hosts made on this machine (network namespaces, sshd;
 #     scripts/testbed.sh), the core, collectives, process-set, join and Python suites launched
-#     by hvdrun over ssh at 2 hosts x 2 ranks and 3 x 1; torn down afterwards, checked empty.
+#     by hvdrun over ssh at 2 hosts x 2 ranks and 3 x 1, and a Spark standalone cluster on
+#     them; torn down afterwards, checked empty.
 tests/multihost/run.sh
 
-# 3. The CPU-only configuration (no NCCL, no LibTorch, no Python module) must build and pass
-#    on its own; it is built with AddressSanitizer + UndefinedBehaviorSanitizer, so every C++
-#    test (unit, MPI, examples) also runs under them.
-scripts/build.sh build-cpu -DHVD_SANITIZE=address,undefined -DHVD_WITH_NCCL=OFF \
-  -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_WERROR=ON
+if ! wait "$builds"; then
+  tail -60 build-background.log >&2
+  echo "test.sh: the sanitizer / TSan / thread-safety builds failed (build-background.log)" >&2
+  exit 1
+fi
+trap - EXIT
+
+# 3. The ASan + UBSan build's tests.
 (cd build-cpu && ctest --output-on-failure -j 2 --timeout 300)
 
-# 4. The threaded core (queue, background loop, executor, timeline writer; ranks simulated in
-#    one process, tests/unit/simulated_ranks_test.cc) under ThreadSanitizer.
-cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVD_SANITIZE=thread \
-  -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_BUILD_EXAMPLES=OFF \
-  -DHVD_WERROR=ON > build-tsan.configure.log 2>&1 || { cat build-tsan.configure.log >&2; exit 1; }
-cmake --build build-tsan -j "$(nproc)" --target unit_tests
+# 4. ThreadSanitizer over the threaded core.
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/unit_tests --gtest_brief=1
 
-# 5. The thread-safety annotations (HVD_GUARDED_BY, HVD_REQUIRES on hvd::Mutex, base/mutex.h)
-#    checked by clang -Wthread-safety -Werror over the core and the unit tests: a guarded field
-#    touched without its mutex fails here.
-cmake -S . -B build-tsa -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DHVD_THREAD_SAFETY=ON -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF \
-  -DHVD_BUILD_EXAMPLES=OFF -DHVD_WERROR=ON > build-tsa.configure.log 2>&1 \
-  || { cat build-tsa.configure.log >&2; exit 1; }
-cmake --build build-tsa -j "$(nproc)" --target unit_tests
+# 5. The thread-safety analysis compiled (-Werror) in the background; its unit tests run too.
 build-tsa/tests/unit_tests --gtest_brief=1
 
 # 6. Fuzzing: the wire-format and configuration parsers, 60 s each (both at once), under

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The builds that test.sh's steps 3-5 test (test.sh runs this in the background, at the lowest
+# CPU priority, while the cross-host suite runs):
+#   build-cpu   the CPU-only configuration (no NCCL, LibTorch or Python module) with
+#               AddressSanitizer + UndefinedBehaviorSanitizer, every C++ test
+#   build-tsan  the unit tests (the threaded core, ranks simulated in one process) with
+#               ThreadSanitizer
+#   build-tsa   the core and unit tests with clang -Wthread-safety -Werror
+#   build-fuzz  the libFuzzer targets of scripts/fuzz.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/build.sh build-cpu -DHVD_SANITIZE=address,undefined -DHVD_WITH_NCCL=OFF \
+  -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_WERROR=ON
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVD_SANITIZE=thread \
+  -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_BUILD_EXAMPLES=OFF \
+  -DHVD_WERROR=ON > build-tsan.configure.log 2>&1 || { cat build-tsan.configure.log; exit 1; }
+cmake --build build-tsan -j "$(nproc)" --target unit_tests
+cmake -S . -B build-tsa -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DHVD_THREAD_SAFETY=ON -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF \
+  -DHVD_BUILD_EXAMPLES=OFF -DHVD_WERROR=ON > build-tsa.configure.log 2>&1 \
+  || { cat build-tsa.configure.log; exit 1; }
+cmake --build build-tsa -j "$(nproc)" --target unit_tests
+# The fuzzers (scripts/fuzz.sh runs them; this only builds them).
+cmake -S fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  > build-fuzz.configure.log 2>&1 || { cat build-fuzz.configure.log; exit 1; }
+cmake --build build-fuzz -j "$(nproc)"
