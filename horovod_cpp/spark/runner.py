@@ -245,6 +245,15 @@ def _wait_for_slots(sc, np, deadline, caller, timeout):
         free = slots - _busy_slots(sc)
 
 
+def _executor_hosts(sc):
+    """The hosts of the executors Spark still has (names or addresses), or None."""
+    try:
+        infos = sc._jsc.sc().statusTracker().getExecutorInfos()
+        return {info.host() for info in infos}
+    except Exception:  # private API
+        return None
+
+
 def _silence_limit(conf):
     """How long a barrier task may go unheard before the driver calls its host lost: the
     collective timeout plus 30 s (the ranks' own report naming the host comes first when the
@@ -337,7 +346,7 @@ def run_barrier_job(sc, np, job, key, caller, stream, env, mpi_args, timeout, ve
         wait_until = time.monotonic() + 3.0
         while not job.lost_tasks(3.0) and time.monotonic() < wait_until:
             time.sleep(0.1)
-    lost = job.describe_lost(silence if stop == "lost" else 3.0)
+    lost = job.describe_lost(silence if stop == "lost" else 3.0, _executor_hosts(sc))
     if lost:
         job.note_lost(lost, stop == "retried")
     if failure and not job.has_outcome():
@@ -535,11 +544,19 @@ class JobService(object):
                     and not t["done"]
                     and (t["closed"] is not None or now - t["last"] >= silence)]
 
-    def describe_lost(self, silence):
-        """A line per lost host: what was heard of its tasks last."""
+    def describe_lost(self, silence, alive=None):
+        """A line per lost host: what was heard of its tasks last. ``alive``: the hosts (names
+        or addresses) whose Spark executor is still registered; a task there whose connection
+        closed was stopped by Spark after another host's loss (Spark kills every task of a
+        failed barrier stage), so it names no host unless nothing else does."""
         now = time.monotonic()
+        lost = self.lost_tasks(silence)
+        if alive:
+            dead = [t for t in lost if t["closed"] is None
+                    or (t["host"] not in alive and t["ip"] not in alive)]
+            lost = dead or lost
         hosts = {}
-        for t in self.lost_tasks(silence):
+        for t in lost:
             hosts.setdefault((t["host"], t["ip"]), []).append(t)
         lines = []
         for (host, ip), tasks in sorted(hosts.items()):

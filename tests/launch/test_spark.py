@@ -264,3 +264,32 @@ def test_the_driver_lets_the_ranks_start_once_and_names_a_lost_host():
         alive.close()
     finally:
         job.stop()
+
+
+def test_a_task_that_spark_stopped_is_not_named_as_the_lost_host():
+    # host-a's executor died (its task's connection closed first); Spark then killed the barrier
+    # stage's task on host-b, whose executor is still registered.
+    from horovod_cpp.spark import network
+    from horovod_cpp.spark.runner import JobService
+    key = network.new_key()
+    job = JobService(key, b"", stream=False)
+    address = "127.0.0.1:%d" % job.port
+    try:
+        socks = []
+        for index, host in enumerate(("host-a", "host-b")):
+            sock = network.connect(address)
+            network.send(sock, key, {"type": "task", "id": index, "index": index, "host": host,
+                                     "ip": "10.0.0.%d" % (index + 1)})
+            socks.append(sock)
+        time.sleep(0.2)
+        for sock in socks:
+            sock.close()
+        time.sleep(0.3)
+        assert len(job.lost_tasks(5.0)) == 2
+        assert job.describe_lost(5.0, alive={"10.0.0.2", "driver"}).startswith(
+            "lost host host-a (10.0.0.1): ")
+        assert "host-b" not in job.describe_lost(5.0, alive={"10.0.0.2"})
+        # Spark has not noticed yet: both are named rather than none.
+        assert "host-b" in job.describe_lost(5.0, alive={"10.0.0.1", "10.0.0.2"})
+    finally:
+        job.stop()

@@ -339,6 +339,8 @@ def test_a_worker_hosts_link_down_mid_training(cluster, tmp_path, monkeypatch):
                    % (host, took, " / ".join(str(error).splitlines()[:3])))
     assert isinstance(error, HorovodRunnerError), error
     assert host in str(error), str(error)
+    survivor = next(h for h in WORKERS if h != host)
+    assert "lost host %s" % survivor not in str(error), str(error)
     assert took <= COLLECTIVE_TIMEOUT + 60
     wait_executors(cluster.sparkContext, 2)
 
@@ -351,7 +353,9 @@ def test_a_worker_hosts_processes_killed_mid_training(cluster, tmp_path, monkeyp
     TIMINGS.append("%s's processes killed (rank 0 and mpirun there): run() raised %.1f s after "
                    "the fault: %s" % (host, took, " / ".join(str(error).splitlines()[:3])))
     assert isinstance(error, HorovodRunnerError), error
-    assert host in str(error), str(error)
+    assert str(error).startswith("lost host %s (" % host), str(error)
+    survivor = next(h for h in WORKERS if h != host)
+    assert "lost host %s" % survivor not in str(error), str(error)  # Spark stopped its tasks
     assert took <= COLLECTIVE_TIMEOUT + 60
     assert not host_processes(host) or all("sshd" in c for _, c in host_processes(host))
     run_testbed("spark", "worker", host)  # the cluster whole again for whatever runs next
