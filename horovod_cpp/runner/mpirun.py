@@ -290,7 +290,6 @@ class Result(object):
             text += "\nlast output of mpirun:\n  %s" % "\n  ".join(self.launcher_tail)
         return text
 
-
     def _collective_timeout(self):
         """The first rank's report of a collective timeout (it names the silent ranks and
         their hosts), or None."""

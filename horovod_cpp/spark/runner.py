@@ -124,8 +124,6 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, extra_mpi_a
     its lines come untagged, as Horovod writes them. verbose: 0 quiet, 1 says how many
     processes run, 2 also the mpirun command. prefix_output_with_timestamp: each line of
     output starts with the time it reached the driver."""
-    if kwargs is None:
-        kwargs = {}
     sc = active_spark_context("horovod_cpp.spark.run", "use horovod_cpp.runner.run to run "
                               "the ranks without Spark")
     if num_proc is None:
@@ -134,7 +132,7 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, extra_mpi_a
         raise ValueError("num_proc must be a positive int, got %r" % (num_proc,))
     timeout = resolve_start_timeout(start_timeout)
     caller = "horovod_cpp.spark.run(num_proc=%d)" % num_proc
-    payload = pickle_main(functools.partial(fn, *args), dict(kwargs), caller=caller)
+    payload = pickle_main(functools.partial(fn, *args), dict(kwargs or {}), caller=caller)
     ranks_env = mpirun.horovod_env() if env is None else {
         name: str(env[name]) for name in mpirun.forwarded_env(env)}
     ranks_env["HVD_SPARK_ALL_RESULTS"] = "1"
