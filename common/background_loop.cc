@@ -105,6 +105,7 @@ Status BackgroundLoop::Start(const Config& config, const InitOptions& options,
   options_ = options;
   backend_ = std::move(backends.host);
   device_ = std::move(backends.device);
+  backend_name_ = backend_->name();
   {
     MutexLock lock(mu_);
     init_done_ = false;

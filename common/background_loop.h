@@ -78,6 +78,8 @@ class BackgroundLoop {
   bool running() const;
   // Valid after a successful Start.
   const ops::Topology& topology() const { return topology_; }
+  // The host backend's name ("MPI", "Gloo"); kept after Stop, like the topology.
+  const char* backend_name() const { return backend_name_; }
   // Why the loop ended (empty while running).
   std::string end_reason() const;
 
@@ -110,6 +112,7 @@ class BackgroundLoop {
   std::unique_ptr<ops::Backend> backend_;
   std::unique_ptr<ops::DeviceCollectives> device_;  // CUDA tensors; null without one
   ops::Topology topology_;
+  const char* backend_name_ = "";
   std::unique_ptr<timeline::Timeline> timeline_;  // global rank 0 only
   // Made on the background thread once the backend is up; used by it only.
   std::unique_ptr<Controller> controller_;

@@ -384,8 +384,6 @@ constexpr ForeignSetting kHorovodSettings[] = {
     {"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "there is no autotuner"},
     {"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "there is no autotuner"},
     {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "there is no autotuner"},
-    {"HOROVOD_CONTROLLER", "negotiation always runs over MPI"},
-    {"HOROVOD_CPU_OPERATIONS", "CPU tensors always go through MPI"},
     {"HOROVOD_GPU_OPERATIONS", "CUDA tensors always go through NCCL"},
     {"HOROVOD_GPU_ALLREDUCE", "CUDA tensors always go through NCCL"},
     {"HOROVOD_GPU_ALLGATHER", "CUDA tensors always go through NCCL"},
@@ -412,7 +410,15 @@ constexpr ForeignSetting kHorovodSettings[] = {
     {"HOROVOD_HOSTNAME", "hosts come from MPI (launch with mpirun or hvdrun)"},
 };
 // Read by horovod_cpp's Python layer, not by the core.
-constexpr const char* kReadByPython[] = {"HOROVOD_ELASTIC", "HOROVOD_SPARK_START_TIMEOUT"};
+// Read outside the knob table: by the Python package, by the backend factory (ops/factory.cc)
+// and by the Gloo backend (ops/gloo_backend.cc), which a launcher sets up.
+constexpr const char* kReadByPython[] = {
+    "HOROVOD_ELASTIC",       "HOROVOD_SPARK_START_TIMEOUT",  "HOROVOD_CONTROLLER",
+    "HOROVOD_CPU_OPERATIONS", "HOROVOD_RANK",                "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",    "HOROVOD_LOCAL_SIZE",           "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE",    "HOROVOD_HOSTNAME",             "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+    "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_GLOO_SECRET",   "HOROVOD_GLOO_SCOPE",
+    "HOROVOD_GLOO_IFACE",    "HOROVOD_GLOO_TIMEOUT_SECONDS", "HOROVOD_ELASTIC_DRIVER"};
 // Prefixes of Horovod's build-time settings (pip install horovod).
 constexpr const char* kBuildPrefixes[] = {"HOROVOD_WITH_",  "HOROVOD_WITHOUT_", "HOROVOD_BUILD_",
                                           "HOROVOD_CUDA_",  "HOROVOD_NCCL_",    "HOROVOD_CMAKE",

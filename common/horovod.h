@@ -272,5 +272,9 @@ Status StopTimeline();
 
 // NCCL's version code (e.g. 22809) when this build has the NCCL backend, otherwise 0.
 int NcclBuilt();
+// Whether this build has the Gloo backend (HOROVOD_CONTROLLER=gloo; libgloo-dev at build time).
+bool GlooBuilt();
+// The backend the running job negotiates and reduces CPU tensors with: "MPI" or "Gloo".
+Result<std::string> HostBackendName();
 
 }  // namespace hvd

@@ -81,7 +81,8 @@ Status Init(const InitOptions& options) {
   // Every rank starts again together, so default names ("allreduce.noname.<n>") restart too:
   // an op that failed on one rank while the runtime was down must not shift its sequence.
   for (auto& n : rt.noname) n = 0;
-  HVD_ASSIGN_OR_RETURN(ops::Backends backends, ops::CreateBackends());
+  HVD_ASSIGN_OR_RETURN(ops::BackendOptions backend_options, ops::BackendOptions::FromEnv());
+  HVD_ASSIGN_OR_RETURN(ops::Backends backends, ops::CreateBackends(backend_options));
   // Routing (enqueue.cc) asks what was built here, not the build: a test or a future option
   // may run without a device backend where NCCL exists.
   rt.device_backend = backends.device != nullptr;
@@ -175,6 +176,13 @@ Result<Stats> GetStats() {
 }
 
 int NcclBuilt() { return ops::NcclVersionCode(); }
+
+bool GlooBuilt() { return ops::GlooBuilt(); }
+
+Result<std::string> HostBackendName() {
+  HVD_RETURN_IF_ERROR(CheckStarted());
+  return std::string(R().loop.backend_name());
+}
 
 Status StreamWaitEvent(const Output& output, void* stream) {
   return ops::StreamWaitEvent(output.ready_event, stream);

@@ -101,6 +101,8 @@ class Backend {
 
 // The MPI backend (always built).
 std::unique_ptr<Backend> CreateMpiBackend();
+// The Gloo backend (ops/gloo_backend.cc; only in builds with Gloo, see GlooBuilt()).
+std::unique_ptr<Backend> CreateGlooBackend();
 
 }  // namespace ops
 }  // namespace hvd

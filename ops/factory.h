@@ -27,8 +27,16 @@ struct Backends {
 };
 
 struct BackendOptions {
-  std::string host = "mpi";  // the only host backend so far
+  std::string host = "mpi";  // "mpi" or "gloo"
+
+  // Horovod's settings: HOROVOD_CONTROLLER and HOROVOD_CPU_OPERATIONS, each "mpi" or "gloo"
+  // (either case). One backend carries both here, so they must not name different ones; one
+  // of them set is enough. Unset: MPI.
+  static Result<BackendOptions> FromEnv();
 };
+
+// Whether this build has the Gloo backend (libgloo was found).
+bool GlooBuilt();
 
 Result<Backends> CreateBackends(const BackendOptions& options = {});
 

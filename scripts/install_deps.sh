@@ -9,6 +9,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake libgtest-dev libgmock-dev          # toolchain and GoogleTest
   libopenmpi-dev openmpi-bin                               # MPI backend, mpirun
+  libgloo-dev libssl-dev                                   # Gloo backend, its store's HMAC
   libboost-program-options-dev                             # example/benchmark flags
   pybind11-dev python3-pybind11 python3-dev python3-venv   # Python module
   libtorch-dev python3-torch python3-numpy                 # LibTorch API, torch layer

@@ -184,6 +184,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("cross_size", [] { return Get(hvd::CrossSize()); });
   m.def("mpi_threads_supported", [] { return Get(hvd::MpiThreadsSupported()); });
   m.def("nccl_built", &hvd::NcclBuilt);
+  m.def("gloo_built", &hvd::GlooBuilt);
+  m.def("host_backend", [] { return Get(hvd::HostBackendName()); });
   // Every knob of common/knobs.def: hvdrun builds its flags from these (runner/mpirun.py).
   m.def("knobs", [] {
     py::list out;

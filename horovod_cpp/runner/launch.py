@@ -1,6 +1,7 @@
-"""hvdrun: start a horovod_cpp job with mpirun.
+"""hvdrun: start a horovod_cpp job with mpirun (or, with --gloo, without it).
 
     hvdrun -np 4 python train.py
+    hvdrun --gloo -np 4 -H server1:2,server2:2 python train.py
     hvdrun -np 8 -H server1:4,server2:4 --fusion-threshold-mb 32 python train.py
     hvdrun -np 2 --verbose --timeline-filename /tmp/t.json ./train --epochs 5
     hvdrun --check-build
@@ -74,6 +75,12 @@ def _parser():
         else:
             p.add_argument(*flags, dest=dest, type=_typed(knob), help=knob.help,
                            metavar="VALUE")
+    backend = p.add_argument_group("backend").add_mutually_exclusive_group()
+    backend.add_argument("--gloo", action="store_true",
+                         help="run on the Gloo backend: hvdrun starts the ranks itself (over "
+                              "ssh on other hosts) and serves their rendezvous; no mpirun")
+    backend.add_argument("--mpi", action="store_true",
+                         help="run on the MPI backend with mpirun (the default)")
     p.add_argument("--mpi-args", default="", metavar="'ARGS'",
                    help="extra arguments for mpirun, as one quoted string")
     p.add_argument("--verbose", action="store_true",
@@ -100,10 +107,10 @@ def check_build():
         return "[X]" if on else "[ ]"
     try:
         from horovod_cpp import _core
-        nccl = _core.nccl_built()
+        nccl, gloo = _core.nccl_built(), _core.gloo_built()
         core = "horovod_cpp._core"
     except ImportError as e:
-        nccl, core = 0, "horovod_cpp._core does not import (%s)" % e
+        nccl, gloo, core = 0, False, "horovod_cpp._core does not import (%s)" % e
     torch = importlib.util.find_spec("torch") is not None
     libtorch_api = ctypes.util.find_library("horovod_cpp_torch") is not None
     nccl_text = "NCCL %d.%d.%d" % (nccl // 10000, nccl // 100 % 100, nccl % 100) if nccl else "NCCL"
@@ -120,19 +127,21 @@ def check_build():
         "",
         "Available Controllers:",
         "    [X] MPI",
-        "    [ ] Gloo",
+        "    %s Gloo" % box(gloo),
         "",
         "Available Tensor Operations:",
         "    %s %s" % (box(nccl), nccl_text),
         "    [ ] DDL",
         "    [ ] CCL",
         "    [X] MPI",
-        "    [ ] Gloo",
+        "    %s Gloo" % box(gloo),
     ])
 
 
-def make_command(args, mpirun_path="mpirun", cpu_count=None):
-    """(argv, env) for parsed ``args``; raises ValueError for inconsistent arguments."""
+def job_settings(args, cpu_count=None):
+    """(command, hosts, env, oversubscribe) for parsed ``args``: the user's command, the hosts
+    ([(name, slots)] or None), the HOROVOD_* variables the flags set; raises ValueError for
+    inconsistent arguments."""
     if args.np is None:
         raise ValueError("-np is required: the number of ranks to run")
     if args.np <= 0:
@@ -164,6 +173,12 @@ def make_command(args, mpirun_path="mpirun", cpu_count=None):
             env[knob.env] = knob.to_env(value)
     if args.start_timeout <= 0:
         raise ValueError("--start-timeout must be positive, got %s" % args.start_timeout)
+    return command, hosts, env, oversubscribe
+
+
+def make_command(args, mpirun_path="mpirun", cpu_count=None):
+    """(mpirun argv, hosts) for parsed ``args``; raises ValueError for inconsistent arguments."""
+    command, hosts, env, oversubscribe = job_settings(args, cpu_count)
     # Options for several hosts come before the user's own --mpi-args.
     host_args = []
     if args.prefix_output_with_timestamp:
@@ -210,6 +225,8 @@ def main(argv=None):
     if args.check_build:
         print(check_build())
         return 0
+    if args.gloo:
+        return _run_gloo(args)
     try:
         command, hosts = make_command(args)
     except (ValueError, HostError) as e:
@@ -247,6 +264,26 @@ def main(argv=None):
     if code != 0:
         print("hvdrun: %s" % result.describe().split("\n", 1)[0], file=sys.stderr)
     return code
+
+
+def _run_gloo(args):
+    from horovod_cpp.runner import gloo_run
+    try:
+        command, hosts, env, _ = job_settings(args)
+        if args.mpi_args:
+            raise ValueError("--mpi-args is for mpirun; a --gloo job has none")
+        if args.output_filename or args.prefix_output_with_timestamp:
+            raise ValueError("--output-filename and --prefix-output-with-timestamp are mpirun's; "
+                             "not available with --gloo yet")
+    except (ValueError, HostError) as e:
+        print("hvdrun: error: %s (see hvdrun --help)" % e, file=sys.stderr)
+        return EXIT_USAGE
+    if not args.dry_run:
+        unreachable = unreachable_error(args, hosts)
+        if unreachable:
+            print("hvdrun: error: %s" % unreachable, file=sys.stderr)
+            return EXIT_UNREACHABLE
+    return gloo_run.run(args, command, hosts, env)
 
 
 if __name__ == "__main__":

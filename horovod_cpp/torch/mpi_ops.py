@@ -106,16 +106,26 @@ def mpi_built():
     return True
 
 
+def _host_backend():
+    """"MPI" or "Gloo": the running job's backend, before init the one the environment asks for."""
+    if _core.is_initialized():
+        return _core.host_backend()
+    chosen = [os.environ.get(n, "").lower() for n in ("HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS")]
+    return "Gloo" if "gloo" in chosen else "MPI"
+
+
 def mpi_enabled():
-    return True
+    """Whether the job uses MPI (horovod_cpp runs on MPI or on Gloo, not both)."""
+    return _host_backend() == "MPI"
 
 
 def gloo_built():
-    return False
+    return _core.gloo_built()
 
 
 def gloo_enabled():
-    return False
+    """Whether the running job uses Gloo (HOROVOD_CONTROLLER=gloo, e.g. under hvdrun --gloo)."""
+    return _host_backend() == "Gloo"
 
 
 def nccl_built():

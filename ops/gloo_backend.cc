@@ -1,0 +1,546 @@
+// horovod_cpp — Apache-2.0
+// The Gloo backend: every collective over Gloo's TCP transport, without MPI.
+//
+// Ranks are started by a launcher (hvdrun --gloo, or the elastic driver), not by mpirun, and
+// learn who they are from the environment: HOROVOD_RANK and HOROVOD_SIZE, the rendezvous store
+// (HOROVOD_GLOO_RENDEZVOUS_ADDR / _PORT, authenticated with HOROVOD_GLOO_SECRET), the
+// address to listen on (HOROVOD_GLOO_IFACE, else HOROVOD_HOSTNAME, else the host name) and a
+// scope (HOROVOD_GLOO_SCOPE) that keeps one rendezvous's keys apart from the next one's (an
+// elastic job meets again after every reset). Local and cross ranks are worked out from every
+// rank's HOROVOD_HOSTNAME after the ranks meet, so a launcher cannot get them wrong.
+//
+// One full-mesh context carries the negotiation and the global set's data; each process set
+// gets a context of its own, built through the store by its members. Only the background
+// thread calls a Backend, so the calls on a context are ordered alike on every rank and one
+// tag suffices. Gloo waits in its transport's event loop (no spinning), up to
+// HOROVOD_GLOO_TIMEOUT_SECONDS per operation; a peer whose process ended closes its
+// connections, which fails the operation at once. Every failure becomes kUnavailable, which
+// ends the background loop with HorovodInternalError on every pending operation: what an
+// elastic job catches to re-form without the lost ranks.
+
+#include <unistd.h>
+
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "base/logging.h"
+#include "ops/backend.h"
+#include "ops/reduce_kernels.h"
+#include "ops/rendezvous_client.h"
+
+namespace hvd {
+namespace ops {
+namespace {
+
+constexpr double kDefaultTimeoutSeconds = 30;
+
+
+std::string Env(const char* name, const std::string& fallback = std::string()) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+}
+
+Status EnvInt(const char* name, int* out) {
+  const std::string v = Env(name);
+  if (v.empty()) {
+    return Status::FailedPrecondition(std::string("the Gloo backend needs ") + name +
+                                      " (ranks of a Gloo job are started by `hvdrun --gloo`, "
+                                      "which sets it)");
+  }
+  char* end = nullptr;
+  const long n = std::strtol(v.c_str(), &end, 10);
+  if (end == v.c_str() || *end != '\0' || n < 0 || n > (1 << 24)) {
+    return Status::InvalidArgument(std::string(name) + "='" + v + "' is not a rank number");
+  }
+  *out = static_cast<int>(n);
+  return Status::OK();
+}
+
+// Gloo's store interface over the launcher's rendezvous store. Gloo's calls throw on failure.
+class Store final : public gloo::rendezvous::Store {
+ public:
+  Store(RendezvousClient* client, std::chrono::milliseconds timeout)
+      : client_(client), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Status s = client_->Set(key, data);
+    if (!s.ok()) throw std::runtime_error(s.message());
+  }
+  std::vector<char> get(const std::string& key) override {
+    Result<std::vector<char>> v = client_->Get(key, timeout_);
+    if (!v.ok()) throw std::runtime_error(v.status().message());
+    return std::move(v).value();
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    for (const std::string& key : keys) {
+      Result<std::vector<char>> v = client_->Get(key, t);
+      if (!v.ok()) throw std::runtime_error(v.status().message());
+    }
+  }
+
+ private:
+  RendezvousClient* client_;
+  std::chrono::milliseconds timeout_;
+};
+
+template <typename T>
+void ReduceFn(void* c, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op) {
+  if (c != a) std::memcpy(c, a, n * sizeof(T));
+  ReduceInto(c, b, static_cast<int64_t>(n), dtype, op);
+}
+
+void AndWords(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<uint64_t*>(c);
+  const auto* x = static_cast<const uint64_t*>(a);
+  const auto* y = static_cast<const uint64_t*>(b);
+  for (size_t i = 0; i < n; ++i) out[i] = x[i] & y[i];
+}
+
+// Runs the statements after `label`; a Gloo exception becomes kUnavailable naming `label`.
+#define HVD_GLOO_TRY(label, ...)                                                               \
+  try {                                                                                        \
+    __VA_ARGS__;                                                                               \
+  } catch (const std::exception& hvd_gloo_error_) {                                            \
+    return Status::Unavailable(std::string("Gloo ") + (label) + " failed: " +                  \
+                               hvd_gloo_error_.what());                                        \
+  }
+
+class GlooBackend final : public Backend {
+ public:
+  const char* name() const override { return "Gloo"; }
+  const char* ActivityName(OpType type) const override {
+    switch (type) {
+      case OpType::kAllreduce:
+        return "GLOO_ALLREDUCE";
+      case OpType::kBroadcast:
+        return "GLOO_BCAST";
+      case OpType::kAllgather:
+        return "GLOO_ALLGATHER";
+      case OpType::kAlltoall:
+        return "GLOO_ALLTOALL";
+      case OpType::kReducescatter:
+        return "GLOO_REDUCESCATTER";
+      case OpType::kBarrier:
+        return "GLOO_BARRIER";
+      default:
+        return "GLOO";
+    }
+  }
+  const Topology& topology() const override { return topo_; }
+
+  Status Initialize() override {
+    HVD_RETURN_IF_ERROR(EnvInt("HOROVOD_RANK", &topo_.rank));
+    HVD_RETURN_IF_ERROR(EnvInt("HOROVOD_SIZE", &topo_.size));
+    if (topo_.size < 1 || topo_.rank >= topo_.size) {
+      return Status::InvalidArgument("HOROVOD_RANK=" + std::to_string(topo_.rank) +
+                                     " is not below HOROVOD_SIZE=" + std::to_string(topo_.size));
+    }
+    const std::string addr = Env("HOROVOD_GLOO_RENDEZVOUS_ADDR");
+    int port = 0;
+    HVD_RETURN_IF_ERROR(EnvInt("HOROVOD_GLOO_RENDEZVOUS_PORT", &port));
+    if (addr.empty()) {
+      return Status::FailedPrecondition(
+          "the Gloo backend needs HOROVOD_GLOO_RENDEZVOUS_ADDR (ranks of a Gloo job are "
+          "started by `hvdrun --gloo`, which serves the rendezvous store)");
+    }
+    const std::string timeout_text = Env("HOROVOD_GLOO_TIMEOUT_SECONDS");
+    double seconds = kDefaultTimeoutSeconds;
+    if (!timeout_text.empty()) {
+      char* end = nullptr;
+      seconds = std::strtod(timeout_text.c_str(), &end);
+      if (end == timeout_text.c_str() || *end != '\0' || !(seconds > 0)) {
+        return Status::InvalidArgument("HOROVOD_GLOO_TIMEOUT_SECONDS='" + timeout_text +
+                                       "' is not a positive number of seconds");
+      }
+    }
+    timeout_ = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+    client_ = std::make_unique<RendezvousClient>(addr, port, Env("HOROVOD_GLOO_SECRET"));
+    store_ = std::make_unique<Store>(client_.get(), timeout_);
+    scope_ = Env("HOROVOD_GLOO_SCOPE", "job");
+
+    char host[256] = {0};
+    ::gethostname(host, sizeof(host) - 1);
+    host_ = Env("HOROVOD_HOSTNAME", host);
+    gloo::transport::tcp::attr attr;
+    const std::string iface = Env("HOROVOD_GLOO_IFACE");
+    if (!iface.empty()) {
+      attr.iface = iface;
+    } else {
+      attr.hostname = host_;
+    }
+    HVD_GLOO_TRY("device on " + (iface.empty() ? host_ : iface),
+                 device_ = gloo::transport::tcp::CreateDevice(attr));
+    HVD_ASSIGN_OR_RETURN(world_, Connect("global", topo_.rank, topo_.size));
+    sets_[kGlobalProcessSetId] = world_;
+    return WorkOutHosts();
+  }
+
+  Status Finalize() override {
+    sets_.clear();
+    world_.reset();
+    device_.reset();
+    store_.reset();
+    client_.reset();
+    return Status::OK();
+  }
+
+  Status AllreduceBitsAnd(uint64_t* words, int count) override {
+    if (topo_.size == 1 || count == 0) return Status::OK();
+    HVD_GLOO_TRY("bit-vector allreduce", {
+      gloo::AllreduceOptions opts(world_);
+      opts.setOutput(words, static_cast<size_t>(count));
+      opts.setReduceFunction(&AndWords);
+      gloo::allreduce(opts);
+    });
+    return Status::OK();
+  }
+
+  Status GatherBytes(const std::vector<uint8_t>& mine,
+                     std::vector<std::vector<uint8_t>>* at_root) override {
+    std::vector<std::vector<uint8_t>> all;
+    HVD_RETURN_IF_ERROR(AllgatherBytes(world_, mine, &all));
+    if (topo_.rank == 0) *at_root = std::move(all);
+    return Status::OK();
+  }
+
+  Status BroadcastBytes(std::vector<uint8_t>* bytes, int root) override {
+    if (topo_.size == 1) return Status::OK();
+    int64_t len = static_cast<int64_t>(bytes->size());
+    HVD_RETURN_IF_ERROR(BroadcastOn(world_, &len, sizeof(len), root, "broadcast of a size"));
+    bytes->resize(static_cast<size_t>(len));
+    return BroadcastOn(world_, bytes->data(), len, root, "broadcast of bytes");
+  }
+
+  Status AddProcessSet(int32_t id, const std::vector<int>& ranks) override {
+    // Every rank counts every call, so a set id used again meets under a fresh prefix.
+    const std::string prefix = "set" + std::to_string(id) + "." + std::to_string(++set_calls_);
+    auto it = std::lower_bound(ranks.begin(), ranks.end(), topo_.rank);
+    if (it == ranks.end() || *it != topo_.rank) {
+      sets_[id] = nullptr;
+      return Status::OK();
+    }
+    HVD_ASSIGN_OR_RETURN(sets_[id], Connect(prefix, static_cast<int>(it - ranks.begin()),
+                                            static_cast<int>(ranks.size())));
+    return Status::OK();
+  }
+
+  Status RemoveProcessSet(int32_t id) override {
+    auto it = sets_.find(id);
+    if (it == sets_.end() || id == kGlobalProcessSetId) {
+      return Status::Internal("the Gloo backend has no process set " + std::to_string(id));
+    }
+    sets_.erase(it);
+    return Status::OK();
+  }
+
+  Status Allreduce(int32_t ps, const void* send, void* recv, int64_t count, DataType dtype,
+                   ReduceOp op) override {
+    HVD_ASSIGN_OR_RETURN(std::shared_ptr<gloo::Context> ctx, Context(ps));
+    const bool in_place = send == nullptr || send == recv;
+    if (ctx->size == 1 || count == 0) {
+      if (!in_place) std::memcpy(recv, send, static_cast<size_t>(count * DataTypeSize(dtype)));
+      return Status::OK();
+    }
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kMin:
+      case ReduceOp::kMax:
+      case ReduceOp::kProduct:
+        break;
+      default:
+        return Status::Internal(std::string("the Gloo backend was asked for reduction ") +
+                                ReduceOpName(op) + ", which the caller must lower first");
+    }
+    HVD_GLOO_TRY("allreduce", {
+      switch (DataTypeSize(dtype)) {
+        case 1:
+          RunAllreduce<uint8_t>(ctx, send, recv, count, dtype, op, in_place);
+          break;
+        case 2:
+          RunAllreduce<uint16_t>(ctx, send, recv, count, dtype, op, in_place);
+          break;
+        case 4:
+          RunAllreduce<uint32_t>(ctx, send, recv, count, dtype, op, in_place);
+          break;
+        default:
+          RunAllreduce<uint64_t>(ctx, send, recv, count, dtype, op, in_place);
+          break;
+      }
+    });
+    return Status::OK();
+  }
+
+  Status Broadcast(int32_t ps, void* buffer, int64_t bytes, int root) override {
+    HVD_ASSIGN_OR_RETURN(std::shared_ptr<gloo::Context> ctx, Context(ps));
+    return BroadcastOn(ctx, buffer, bytes, root, "broadcast");
+  }
+
+  Status Barrier(int32_t ps) override {
+    HVD_ASSIGN_OR_RETURN(std::shared_ptr<gloo::Context> ctx, Context(ps));
+    if (ctx->size == 1) return Status::OK();
+    HVD_GLOO_TRY("barrier", {
+      gloo::BarrierOptions opts(ctx);
+      gloo::barrier(opts);
+    });
+    return Status::OK();
+  }
+
+  Status Allgatherv(int32_t ps, const void* send, int64_t send_count, void* recv,
+                    const std::vector<int64_t>& counts, const std::vector<int64_t>& displs,
+                    DataType dtype) override {
+    HVD_ASSIGN_OR_RETURN(std::shared_ptr<gloo::Context> ctx, Context(ps));
+    const size_t elem = static_cast<size_t>(DataTypeSize(dtype));
+    int64_t total = 0;
+    bool packed = true;  // rank r's block at the sum of the counts before it
+    for (size_t r = 0; r < counts.size(); ++r) {
+      packed = packed && displs[r] == total;
+      total += counts[r];
+    }
+    if (total == 0) return Status::OK();
+    std::vector<char> staging(packed ? 0 : static_cast<size_t>(total) * elem);
+    char* out = packed ? static_cast<char*>(recv) : staging.data();
+    HVD_GLOO_TRY("allgather", {
+      gloo::AllgathervOptions opts(ctx);
+      opts.setInput(const_cast<char*>(static_cast<const char*>(send)),
+                    static_cast<size_t>(send_count) * elem);
+      std::vector<size_t> bytes(counts.size());
+      for (size_t r = 0; r < counts.size(); ++r) bytes[r] = static_cast<size_t>(counts[r]) * elem;
+      opts.setOutput(out, std::move(bytes));
+      gloo::allgatherv(opts);
+    });
+    if (!packed) {
+      size_t at = 0;
+      for (size_t r = 0; r < counts.size(); ++r) {
+        const size_t n = static_cast<size_t>(counts[r]) * elem;
+        std::memcpy(static_cast<char*>(recv) + displs[r] * static_cast<int64_t>(elem),
+                    staging.data() + at, n);
+        at += n;
+      }
+    }
+    return Status::OK();
+  }
+
+  Status Alltoallv(int32_t ps, const void* send, const std::vector<int64_t>& send_counts,
+                   const std::vector<int64_t>& send_displs, void* recv,
+                   const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs,
+                   DataType dtype) override {
+    HVD_ASSIGN_OR_RETURN(std::shared_ptr<gloo::Context> ctx, Context(ps));
+    const int64_t elem = DataTypeSize(dtype);
+    // Gloo takes blocks packed in rank order: pack and unpack around it where the layout differs.
+    std::vector<char> in_staging, out_staging;
+    const char* in = Pack(static_cast<const char*>(send), send_counts, send_displs, elem,
+                          &in_staging);
+    int64_t recv_total = 0;
+    bool recv_packed = true;
+    for (size_t r = 0; r < recv_counts.size(); ++r) {
+      recv_packed = recv_packed && recv_displs[r] == recv_total;
+      recv_total += recv_counts[r];
+    }
+    if (!recv_packed) out_staging.resize(static_cast<size_t>(recv_total * elem));
+    char* out = recv_packed ? static_cast<char*>(recv) : out_staging.data();
+    std::vector<int64_t> in_bytes(send_counts.size()), out_bytes(recv_counts.size());
+    for (size_t r = 0; r < send_counts.size(); ++r) in_bytes[r] = send_counts[r] * elem;
+    for (size_t r = 0; r < recv_counts.size(); ++r) out_bytes[r] = recv_counts[r] * elem;
+    std::vector<char> dummy(1);  // Gloo wants a buffer even where nothing moves
+    HVD_GLOO_TRY("alltoall", {
+      gloo::AlltoallvOptions opts(ctx);
+      opts.setInput(const_cast<char*>(in != nullptr ? in : dummy.data()), in_bytes);
+      opts.setOutput(out != nullptr ? out : dummy.data(), out_bytes);
+      gloo::alltoallv(opts);
+    });
+    if (!recv_packed) {
+      int64_t at = 0;
+      for (size_t r = 0; r < recv_counts.size(); ++r) {
+        std::memcpy(static_cast<char*>(recv) + recv_displs[r] * elem, out_staging.data() + at,
+                    static_cast<size_t>(recv_counts[r] * elem));
+        at += recv_counts[r] * elem;
+      }
+    }
+    return Status::OK();
+  }
+
+  // An allreduce of the whole buffer, keeping this rank's block: Gloo 0.5 has no
+  // reduce-scatter on arbitrary blocks in its options API.
+  Status ReduceScatter(int32_t ps, const void* send, void* recv,
+                       const std::vector<int64_t>& recv_counts, DataType dtype,
+                       ReduceOp op) override {
+    HVD_ASSIGN_OR_RETURN(std::shared_ptr<gloo::Context> ctx, Context(ps));
+    const int64_t elem = DataTypeSize(dtype);
+    int64_t total = 0, offset = 0;
+    for (size_t r = 0; r < recv_counts.size(); ++r) {
+      if (static_cast<int>(r) == ctx->rank) offset = total;
+      total += recv_counts[r];
+    }
+    reduced_.resize(static_cast<size_t>(std::max<int64_t>(total * elem, 1)));
+    HVD_RETURN_IF_ERROR(Allreduce(ps, send, reduced_.data(), total, dtype, op));
+    std::memcpy(recv, reduced_.data() + offset * elem,
+                static_cast<size_t>(recv_counts[static_cast<size_t>(ctx->rank)] * elem));
+    return Status::OK();
+  }
+
+ private:
+  template <typename T>
+  static void RunAllreduce(const std::shared_ptr<gloo::Context>& ctx, const void* send,
+                           void* recv, int64_t count, DataType dtype, ReduceOp op, bool in_place) {
+    gloo::AllreduceOptions opts(ctx);
+    if (!in_place) opts.setInput(const_cast<T*>(static_cast<const T*>(send)), count);
+    opts.setOutput(static_cast<T*>(recv), static_cast<size_t>(count));
+    opts.setReduceFunction([dtype, op](void* c, const void* a, const void* b, size_t n) {
+      ReduceFn<T>(c, a, b, n, dtype, op);
+    });
+    gloo::allreduce(opts);
+  }
+
+  static const char* Pack(const char* base, const std::vector<int64_t>& counts,
+                          const std::vector<int64_t>& displs, int64_t elem,
+                          std::vector<char>* staging) {
+    int64_t total = 0;
+    bool packed = true;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      packed = packed && displs[r] == total;
+      total += counts[r];
+    }
+    if (packed) return base;
+    staging->resize(static_cast<size_t>(total * elem));
+    int64_t at = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      std::memcpy(staging->data() + at, base + displs[r] * elem,
+                  static_cast<size_t>(counts[r] * elem));
+      at += counts[r] * elem;
+    }
+    return staging->data();
+  }
+
+  Result<std::shared_ptr<gloo::Context>> Connect(const std::string& name, int rank, int size) {
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    ctx->setTimeout(timeout_);
+    HVD_GLOO_TRY("rendezvous of '" + name + "' (rank " + std::to_string(rank) + " of " +
+                     std::to_string(size) + ", store " + client_->Where() + ")",
+                 {
+                   gloo::rendezvous::PrefixStore prefixed(scope_ + "/" + name, *store_);
+                   ctx->connectFullMesh(prefixed, device_);
+                 });
+    return std::shared_ptr<gloo::Context>(std::move(ctx));
+  }
+
+  Result<std::shared_ptr<gloo::Context>> Context(int32_t ps) const {
+    auto it = sets_.find(ps);
+    if (it == sets_.end() || it->second == nullptr) {
+      return Status::Internal("this rank has no Gloo context for process set " +
+                              std::to_string(ps));
+    }
+    return it->second;
+  }
+
+  static Status BroadcastOn(const std::shared_ptr<gloo::Context>& ctx, void* buffer,
+                            int64_t bytes, int root, const char* what) {
+    if (ctx->size == 1 || bytes == 0) return Status::OK();
+    HVD_GLOO_TRY(what, {
+      gloo::BroadcastOptions opts(ctx);
+      opts.setOutput(static_cast<char*>(buffer), static_cast<size_t>(bytes));
+      opts.setRoot(root);
+      gloo::broadcast(opts);
+    });
+    return Status::OK();
+  }
+
+  Status AllgatherBytes(const std::shared_ptr<gloo::Context>& ctx,
+                        const std::vector<uint8_t>& mine,
+                        std::vector<std::vector<uint8_t>>* all) {
+    const size_t n = static_cast<size_t>(ctx->size);
+    std::vector<int64_t> lens(n);
+    int64_t my_len = static_cast<int64_t>(mine.size());
+    if (n > 1) {
+      HVD_GLOO_TRY("allgather of sizes", {
+        gloo::AllgatherOptions opts(ctx);
+        opts.setInput(&my_len, 1);
+        opts.setOutput(lens.data(), n);
+        gloo::allgather(opts);
+      });
+    } else {
+      lens[0] = my_len;
+    }
+    std::vector<int64_t> displs(n);
+    int64_t total = 0;
+    for (size_t r = 0; r < n; ++r) {
+      displs[r] = total;
+      total += lens[r];
+    }
+    std::vector<uint8_t> flat(static_cast<size_t>(total));
+    if (n > 1 && total > 0) {
+      HVD_GLOO_TRY("allgather of bytes", {
+        gloo::AllgathervOptions opts(ctx);
+        opts.setInput(const_cast<uint8_t*>(mine.data()), mine.size());
+        opts.setOutput(flat.data(), std::vector<size_t>(lens.begin(), lens.end()));
+        gloo::allgatherv(opts);
+      });
+    } else if (n == 1) {
+      flat = mine;
+    }
+    all->assign(n, {});
+    for (size_t r = 0; r < n; ++r) {
+      (*all)[r].assign(flat.begin() + displs[r], flat.begin() + displs[r] + lens[r]);
+    }
+    return Status::OK();
+  }
+
+  // Local rank: among the ranks of the same HOROVOD_HOSTNAME; cross rank: among the ranks of
+  // the same local rank (as the MPI backend's communicators define them).
+  Status WorkOutHosts() {
+    std::vector<uint8_t> mine(host_.begin(), host_.end());
+    std::vector<std::vector<uint8_t>> hosts;
+    HVD_RETURN_IF_ERROR(AllgatherBytes(world_, mine, &hosts));
+    std::vector<int> local_rank(hosts.size());
+    topo_.local_rank = topo_.local_size = 0;
+    for (size_t r = 0; r < hosts.size(); ++r) {
+      int before = 0;
+      for (size_t q = 0; q < r; ++q) before += hosts[q] == hosts[r] ? 1 : 0;
+      local_rank[r] = before;
+      if (hosts[r] == mine) ++topo_.local_size;
+    }
+    topo_.local_rank = local_rank[static_cast<size_t>(topo_.rank)];
+    topo_.cross_rank = topo_.cross_size = 0;
+    for (size_t r = 0; r < hosts.size(); ++r) {
+      if (local_rank[r] != topo_.local_rank) continue;
+      if (static_cast<int>(r) < topo_.rank) ++topo_.cross_rank;
+      ++topo_.cross_size;
+    }
+
+    return Status::OK();
+  }
+
+  Topology topo_;
+  std::chrono::milliseconds timeout_{30000};
+  std::string scope_;
+  std::string host_;
+  std::unique_ptr<RendezvousClient> client_;
+  std::unique_ptr<Store> store_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> world_;
+  std::map<int32_t, std::shared_ptr<gloo::Context>> sets_;  // null: not a member
+  int64_t set_calls_ = 0;
+  std::vector<char> reduced_;  // ReduceScatter's whole reduced buffer
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> CreateGlooBackend() { return std::make_unique<GlooBackend>(); }
+
+}  // namespace ops
+}  // namespace hvd
