@@ -172,7 +172,10 @@ class GlooBackend final : public Backend {
     timeout_ = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
     client_ = std::make_unique<RendezvousClient>(addr, port, Env("HOROVOD_GLOO_SECRET"));
     store_ = std::make_unique<Store>(client_.get(), timeout_);
-    scope_ = Env("HOROVOD_GLOO_SCOPE", "job");
+    // Every Init of this process meets under a prefix of its own: a job that shuts down and
+    // initializes again must not find the addresses of its previous rendezvous in the store.
+    static int inits = 0;
+    scope_ = Env("HOROVOD_GLOO_SCOPE", "job") + "/init" + std::to_string(inits++);
 
     char host[256] = {0};
     ::gethostname(host, sizeof(host) - 1);

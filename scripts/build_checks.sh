@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The builds that test.sh's steps 3-5 test (test.sh runs this in the background, at the lowest
 # CPU priority, while the cross-host suite runs):
-#   build-cpu   the CPU-only configuration (no NCCL, LibTorch or Python module) with
+#   build-cpu   the CPU-only configuration (no NCCL, Gloo, LibTorch or Python module) with
 #               AddressSanitizer + UndefinedBehaviorSanitizer, every C++ test
 #   build-tsan  the unit tests (the threaded core, ranks simulated in one process) with
 #               ThreadSanitizer
@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh build-cpu -DHVD_SANITIZE=address,undefined -DHVD_WITH_NCCL=OFF \
-  -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_WERROR=ON
+  -DHVD_WITH_GLOO=OFF -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_WERROR=ON
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVD_SANITIZE=thread \
   -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_BUILD_EXAMPLES=OFF \
   -DHVD_WERROR=ON > build-tsan.configure.log 2>&1 || { cat build-tsan.configure.log; exit 1; }

@@ -22,15 +22,23 @@ def main(argv):
         print("usage: python -m horovod_cpp.runner.task_exec CWD -- COMMAND...", file=sys.stderr)
         return 2
     cwd, command = argv[0], argv[2:]
-    stdin = sys.stdin.buffer
-    secret = stdin.readline().decode().strip()
+    # Raw reads of fd 0 (no buffered stdin whose lock a daemon thread could hold at exit).
+    pending = b""
+    while pending.count(b"\n") < 2:
+        chunk = os.read(0, 65536)
+        if not chunk:
+            print("task_exec: stdin closed before the secret and environment", file=sys.stderr)
+            return 2
+        pending += chunk
+    secret, env_json, _ = pending.split(b"\n", 2)
+    secret = secret.decode().strip()
     env = dict(os.environ)
-    env.update(json.loads(stdin.readline().decode() or "{}"))
+    env.update(json.loads(env_json.decode() or "{}"))
     env["HOROVOD_GLOO_SECRET"] = secret
     child = proc.popen(command, cwd=cwd, env=env, stdin=open(os.devnull, "rb"))
 
     def watch_stdin():
-        while stdin.read(4096):
+        while os.read(0, 4096):
             pass
         proc.stop_group(child, grace=2.0)
 
@@ -42,4 +50,7 @@ def main(argv):
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # without waiting for the stdin watcher

@@ -76,6 +76,15 @@ done
 run "python suite -H hvd-h1:2,hvd-h2:2" 600 sh -c "cd '$ROOT_DIR/tests/python' && \
   '${HVDRUN[0]}' -np 4 -H hvd-h1:2,hvd-h2:2 '$PY' -m pytest -q -x"
 
+# The Gloo backend across hosts (hvdrun --gloo: ranks started over ssh, no mpirun): what every
+# rank sees at 3 x 1, and the Python suite at 2 x 2.
+run "check_hosts.py --gloo -H hvd-h1:1,hvd-h2:1,hvd-h3:1" 120 \
+  env HVD_MULTIHOST_MARK="forwarded to every host" "${HVDRUN[@]}" --gloo -np 3 \
+  -H hvd-h1:1,hvd-h2:1,hvd-h3:1 "$PY" "$ROOT_DIR/tests/multihost/check_hosts.py" \
+  --hosts hvd-h1:1,hvd-h2:1,hvd-h3:1
+run "python suite --gloo -H hvd-h1:2,hvd-h2:2" 600 sh -c "cd '$ROOT_DIR/tests/python' && \
+  '${HVDRUN[0]}' --gloo -np 4 -H hvd-h1:2,hvd-h2:2 '$PY' -m pytest -q -x"
+
 # Hierarchical allreduce and allgather at 2 x 2 (every op, dtype and scale factor of the core
 # and collectives suites, checked against hand-computed expectations, as the flat runs above):
 # rank 0 says they are on. At 2 + 1 ranks the hosts differ: one warning, flat results.

@@ -1,4 +1,5 @@
-"""pytest under mpirun: every rank runs the same tests; horovod_cpp is initialized once.
+"""pytest under mpirun (or hvdrun --gloo): every rank runs the same tests; horovod_cpp is
+initialized once.
 
 mpi4py initializes MPI first, so MPI belongs to this process and tests may shut horovod_cpp
 down and initialize it again (e.g. with static process sets).
@@ -11,7 +12,9 @@ import os
 import sys
 
 import pytest
-from mpi4py import MPI  # noqa: F401  (initializes MPI with MPI_THREAD_MULTIPLE)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import side_channel  # noqa: E402,F401  (under mpirun: mpi4py initializes MPI first)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pytest_deadline import deadline  # noqa: E402,F401  (a per-test deadline)

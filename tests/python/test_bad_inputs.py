@@ -88,7 +88,11 @@ def test_non_contiguous_inputs_work_for_every_out_of_place_op():
 
 def _fresh_python(code):
     """Runs ``code`` in a new interpreter that is not part of the MPI job."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "HVD_"))}
+    launcher = ("HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_RANK", "HOROVOD_SIZE",
+                "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
+                "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "HVD_", "HOROVOD_GLOO_")) and k not in launcher}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, timeout=120)
 

@@ -1,0 +1,35 @@
+"""A barrier beside horovod_cpp for tests that shut it down: MPI's under mpirun, the launcher's
+rendezvous store under hvdrun --gloo (HOROVOD_CONTROLLER=gloo)."""
+import os
+
+GLOO = os.environ.get("HOROVOD_CONTROLLER", "").lower() == "gloo"
+_state = {"client": None, "count": 0}
+
+if not GLOO:
+    from mpi4py import MPI  # noqa: F401  (initializes MPI with MPI_THREAD_MULTIPLE)
+
+
+def rank():
+    """This process's rank as the launcher numbered it."""
+    return int(os.environ["HOROVOD_RANK"]) if GLOO else MPI.COMM_WORLD.Get_rank()
+
+
+def barrier(timeout=60.0):
+    if not GLOO:
+        MPI.COMM_WORLD.Barrier()
+        return
+    from horovod_cpp.runner.rendezvous import RendezvousClient
+    if _state["client"] is None:
+        import atexit
+        _state["client"] = RendezvousClient(os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
+                                            os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"],
+                                            os.environ["HOROVOD_GLOO_SECRET"])
+        atexit.register(_state["client"].close)
+    client = _state["client"]
+    _state["count"] += 1
+    prefix = "tests/barrier%d/" % _state["count"]
+    client.set(prefix + str(rank()), b"1")
+    for r in range(int(os.environ["HOROVOD_SIZE"])):
+        if client.wait(prefix + str(r), timeout) is None:
+            raise TimeoutError("side-channel barrier: rank %d did not arrive within %g s"
+                               % (r, timeout))
