@@ -5,8 +5,8 @@
 // learn who they are from the environment: HOROVOD_RANK and HOROVOD_SIZE, the rendezvous store
 // (HOROVOD_GLOO_RENDEZVOUS_ADDR / _PORT, authenticated with HOROVOD_GLOO_SECRET), the
 // address to listen on (HOROVOD_GLOO_IFACE, else HOROVOD_HOSTNAME, else the host name) and a
-// scope (HOROVOD_GLOO_SCOPE) that keeps one rendezvous's keys apart from the next one's (an
-// elastic job meets again after every reset). Local and cross ranks are worked out from every
+// scope (HOROVOD_GLOO_SCOPE, set by the elastic layer for each round; otherwise the count of
+// this process's Inits) that keeps one rendezvous's keys apart from the next one's. Local and cross ranks are worked out from every
 // rank's HOROVOD_HOSTNAME after the ranks meet, so a launcher cannot get them wrong.
 //
 // One full-mesh context carries the negotiation and the global set's data; each process set
@@ -172,10 +172,14 @@ class GlooBackend final : public Backend {
     timeout_ = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
     client_ = std::make_unique<RendezvousClient>(addr, port, Env("HOROVOD_GLOO_SECRET"));
     store_ = std::make_unique<Store>(client_.get(), timeout_);
-    // Every Init of this process meets under a prefix of its own: a job that shuts down and
-    // initializes again must not find the addresses of its previous rendezvous in the store.
+    // Every Init meets under a prefix of its own: a job that shuts down and initializes again
+    // must not find the addresses of its previous rendezvous in the store. The elastic layer
+    // names each round's scope; otherwise this process's count of Inits does (every rank of a
+    // fixed job initializes the same number of times).
     static int inits = 0;
-    scope_ = Env("HOROVOD_GLOO_SCOPE", "job") + "/init" + std::to_string(inits++);
+    scope_ = Env("HOROVOD_GLOO_SCOPE");
+    if (scope_.empty()) scope_ = "job/init" + std::to_string(inits);
+    ++inits;
 
     char host[256] = {0};
     ::gethostname(host, sizeof(host) - 1);

@@ -63,6 +63,61 @@ def facing_address(hosts):
         return s.getsockname()[0]
 
 
+# ssh notices a host that stopped answering (its link down) within ~6 s and exits 255, which
+# ends that host's ranks for the launcher.
+SSH_ALIVE = ["-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"]
+
+
+def remote_argv(host, command, ssh_args=(), ssh="ssh"):
+    inner = [sys.executable, "-m", "horovod_cpp.runner.task_exec", os.getcwd(), "--"]
+    return ([ssh, "-o", "BatchMode=yes"] + SSH_ALIVE + list(ssh_args) +
+            [host, " ".join(shlex.quote(a) for a in inner + list(command))])
+
+
+def spawn(host, env, command, secret, ssh_args=(), ssh="ssh"):
+    """Starts ``command`` on ``host`` with ``env`` added to the environment (on another host:
+    the variables hvdrun forwards, then ``env``) and the job's secret; stdout/stderr piped.
+    Call it from a thread that outlives the process (proc.popen's parent-death signal)."""
+    if is_local(host):
+        full = dict(os.environ)
+        full.update(env)
+        full["HOROVOD_GLOO_SECRET"] = secret
+        return proc.popen(list(command), env=full, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    remote_env = {n: os.environ[n] for n in mpirun.forwarded_env() if n in os.environ}
+    remote_env.update(env)
+    p = proc.popen(remote_argv(host, command, ssh_args, ssh), stdin=subprocess.PIPE,
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdin.write((secret + "\n" + json.dumps(remote_env) + "\n").encode())
+    p.stdin.flush()  # stdin stays open: closing it stops the rank
+    return p
+
+
+def read_output(p, tag, on_line):
+    """Threads passing ``p``'s output lines to ``on_line(tag, stream, text)``."""
+    def read(stream, pipe):
+        for raw in iter(pipe.readline, b""):
+            on_line(tag, stream, raw.decode("utf-8", "replace").rstrip("\n"))
+        pipe.close()
+    threads = []
+    for stream in ("stdout", "stderr"):
+        t = threading.Thread(target=read, args=(stream, getattr(p, stream)), daemon=True,
+                             name="hvd-out-%s" % tag)
+        t.start()
+        threads.append(t)
+    return threads
+
+
+def stop_process(p):
+    """Closes a remote rank's stdin (task_exec then stops it) and stops the local process."""
+    if p.stdin is not None and not p.stdin.closed:
+        try:
+            p.stdin.close()
+        except OSError:
+            pass
+    proc.stop_group(p, grace=2.0)
+
+
 class GlooJob(object):
     """One run of ``command`` on the ranks of ``hosts``. ``on_line(rank, stream, text)``
     receives output (rank None: the launcher's own lines)."""
@@ -99,16 +154,13 @@ class GlooJob(object):
             "HOROVOD_HOSTNAME": "127.0.0.1" if self.all_local else host,
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": self.address,
             "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.server.port),
-            "HOROVOD_GLOO_SCOPE": env.get("HOROVOD_GLOO_SCOPE", "job"),
         })
         if self.network_interface:
             env["HOROVOD_GLOO_IFACE"] = self.network_interface.split(",")[0]
         return env
 
     def remote_argv(self, host):
-        inner = [sys.executable, "-m", "horovod_cpp.runner.task_exec", os.getcwd(), "--"]
-        return ([self.ssh, "-o", "BatchMode=yes"] + self.ssh_args +
-                [host, " ".join(shlex.quote(a) for a in inner + self.command)])
+        return remote_argv(host, self.command, self.ssh_args, self.ssh)
 
     def describe(self):
         """The commands this job runs, one line per rank (--dry-run, --verbose)."""
@@ -122,34 +174,12 @@ class GlooJob(object):
 
     def start(self):
         self.server = RendezvousServer(self.secret, bind=self.address)
-        forwarded = {n: os.environ[n] for n in mpirun.forwarded_env() if n in os.environ}
         for rank, host, lr, ls, cr, cs in self.placement:
-            env = self.rank_env(rank, host, lr, ls, cr, cs)
             self.hosts_of[rank] = host
-            if is_local(host):
-                full = dict(os.environ)
-                full.update(env)
-                full["HOROVOD_GLOO_SECRET"] = self.secret
-                p = proc.popen(self.command, env=full, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            else:
-                remote_env = dict(forwarded)
-                remote_env.update(env)
-                p = proc.popen(self.remote_argv(host), stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                p.stdin.write((self.secret + "\n" + json.dumps(remote_env) + "\n").encode())
-                p.stdin.flush()  # stdin stays open: closing it stops the rank
+            p = spawn(host, self.rank_env(rank, host, lr, ls, cr, cs), self.command, self.secret,
+                      self.ssh_args, self.ssh)
             self.procs[rank] = p
-            for stream in ("stdout", "stderr"):
-                t = threading.Thread(target=self._read, args=(rank, stream, getattr(p, stream)),
-                                     daemon=True, name="hvd-out-%d" % rank)
-                t.start()
-                self._readers.append(t)
-
-    def _read(self, rank, stream, pipe):
-        for raw in iter(pipe.readline, b""):
-            self.on_line(rank, stream, raw.decode("utf-8", "replace").rstrip("\n"))
-        pipe.close()
+            self._readers += read_output(p, rank, self.on_line)
 
     def stop(self):
         """Stops every rank still running (SIGTERM, then SIGKILL)."""
@@ -161,7 +191,7 @@ class GlooJob(object):
                 except OSError:
                     pass
         for p in self.procs.values():
-            proc.stop_group(p, grace=2.0)
+            stop_process(p)
 
     def wait(self):
         """Waits for the job; returns (exit code, message or None)."""

@@ -81,6 +81,27 @@ def _parser():
                               "ssh on other hosts) and serves their rendezvous; no mpirun")
     backend.add_argument("--mpi", action="store_true",
                          help="run on the MPI backend with mpirun (the default)")
+    el = p.add_argument_group(
+        "elastic training (Gloo; the script uses hvd.elastic)",
+        "Any of --min-np, --max-np or --host-discovery-script makes the job elastic: ranks that "
+        "fail are dropped and the job re-forms on the rest; hosts that appear are added.")
+    el.add_argument("--min-np", type=int, metavar="N",
+                    help="fewest ranks the job runs on (default: -np)")
+    el.add_argument("--max-np", type=int, metavar="N",
+                    help="most ranks the job grows to (default: -np)")
+    el.add_argument("--host-discovery-script", metavar="SCRIPT",
+                    help="prints the usable hosts, one 'host' or 'host:slots' a line; run "
+                         "every second (default: the hosts of -H, fixed)")
+    el.add_argument("--slots-per-host", "--slots", type=int, default=1, metavar="N",
+                    help="slots of a discovered host printed without ':slots' (default 1)")
+    el.add_argument("--elastic-timeout", type=float, default=600.0, metavar="SECONDS",
+                    help="how long the job waits for --min-np ranks (and for a round's members "
+                         "to join it) before it fails (default 600)")
+    el.add_argument("--reset-limit", type=int, metavar="N",
+                    help="most resets (re-formed rounds) before the job fails (default: none)")
+    el.add_argument("--blacklist-cooldown-range", type=int, nargs=2, metavar=("MIN", "MAX"),
+                    help="a failed host may return after a time drawn from MIN..MAX seconds "
+                         "(default: never)")
     p.add_argument("--mpi-args", default="", metavar="'ARGS'",
                    help="extra arguments for mpirun, as one quoted string")
     p.add_argument("--verbose", action="store_true",
@@ -225,6 +246,10 @@ def main(argv=None):
     if args.check_build:
         print(check_build())
         return 0
+    elastic = (args.min_np is not None or args.max_np is not None
+               or args.host_discovery_script is not None)
+    if elastic:
+        return _run_elastic(args)
     if args.gloo:
         return _run_gloo(args)
     try:
@@ -264,6 +289,38 @@ def main(argv=None):
     if code != 0:
         print("hvdrun: %s" % result.describe().split("\n", 1)[0], file=sys.stderr)
     return code
+
+
+def _run_elastic(args):
+    from horovod_cpp.runner import elastic_driver
+    try:
+        if args.mpi:
+            raise ValueError("elastic jobs run on Gloo; drop --mpi")
+        if args.np is None and args.min_np is None:
+            raise ValueError("an elastic job needs -np or --min-np")
+        if args.host_discovery_script is not None and (args.hosts or args.hostfile):
+            raise ValueError("give the hosts by -H/--hostfile or by --host-discovery-script, "
+                             "not both")
+        for name in ("np", "min_np", "max_np"):
+            value = getattr(args, name)
+            if value is not None and value <= 0:
+                raise ValueError("--%s must be positive, got %d" % (name.replace("_", "-"),
+                                                                   value))
+        min_np = args.min_np or args.np
+        max_np = args.max_np or max(args.np or 0, min_np)
+        if not min_np <= (args.np or min_np) <= max_np:
+            raise ValueError("need --min-np <= -np <= --max-np, got %s <= %s <= %s"
+                             % (min_np, args.np, max_np))
+        if args.blacklist_cooldown_range and not (
+                0 <= args.blacklist_cooldown_range[0] <= args.blacklist_cooldown_range[1]):
+            raise ValueError("--blacklist-cooldown-range MIN MAX needs 0 <= MIN <= MAX")
+        if args.np is None:
+            args.np = min_np
+        command, hosts, env, _ = job_settings(args)
+    except (ValueError, HostError) as e:
+        print("hvdrun: error: %s (see hvdrun --help)" % e, file=sys.stderr)
+        return EXIT_USAGE
+    return elastic_driver.run(args, command, hosts, env)
 
 
 def _run_gloo(args):

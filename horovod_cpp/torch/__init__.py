@@ -31,6 +31,8 @@ from horovod_cpp.torch.optimizer import DistributedOptimizer
 from horovod_cpp.torch.process_sets import (ProcessSet, add_process_set, global_process_set,
                                             remove_process_set)
 from horovod_cpp.torch.sync_batch_norm import SyncBatchNorm
+from horovod_cpp.torch import elastic  # noqa: E402  (hvd.elastic)
+from horovod_cpp.elastic import HostsUpdatedInterrupt
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
@@ -46,5 +48,5 @@ __all__ = [
     "global_process_set", "add_process_set", "remove_process_set", "start_timeline",
     "stop_timeline", "HorovodInternalError", "Compression", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object", "DistributedOptimizer",
-    "SyncBatchNorm",
+    "SyncBatchNorm", "elastic", "HostsUpdatedInterrupt",
 ]

@@ -14,6 +14,7 @@ import warnings
 import torch
 
 import horovod_cpp
+from horovod_cpp import elastic
 from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.process_sets import ProcessSet, _registered, global_process_set
 
@@ -70,6 +71,8 @@ def init(comm=None, process_sets=None):
             if not isinstance(ps, ProcessSet):
                 raise ValueError("process_sets must be a list of hvd.ProcessSet (or \"dynamic\")")
         ranks = [ps.ranks for ps in process_sets]
+    if not _core.is_initialized() and elastic.enabled():
+        elastic.worker().join()  # this worker's rank and size in the driver's next round
     if not _core.is_initialized():
         # Every rank starts again together: default names restart with the runtime, so a call
         # that failed on one rank while it was down cannot shift that rank's sequence.

@@ -1,0 +1,135 @@
+"""Elastic training of the digits classifier: survives ranks leaving and grows onto new hosts.
+
+    hvdrun --min-np 2 --max-np 3 -H host1:1,host2:1,host3:1 \\
+        python examples/elastic_train.py [--epochs 20] [--batch-size 16] [--lr 0.05]
+    hvdrun --min-np 2 --max-np 4 --host-discovery-script ./hosts.sh python examples/elastic_train.py
+
+Each rank takes --batch-size samples a step (an ElasticSampler splits what is left of the epoch
+over the ranks there are), so the global batch is batch-size x ranks; the learning rate follows
+it linearly (lr x ranks), set again in a reset callback whenever the world changes. The state
+(model, optimizer, sampler, epoch, batch) is committed every --commit-every steps; a failure
+rolls back to the last commit, and the job goes on with the ranks that remain. Rank 0 logs every
+epoch and every resize; every rank checks after a reset that its parameters are what was
+committed (rank 0's commit) and says so.
+"""
+import argparse
+import hashlib
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train import DEFAULT_DATA, load_digits  # noqa: E402
+
+import horovod_cpp.torch as hvd  # noqa: E402
+
+
+def digest(model):
+    h = hashlib.sha256()
+    for _, t in sorted(model.state_dict().items()):
+        h.update(t.detach().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
+    parser.add_argument("--lr", type=float, default=0.05, help="learning rate per rank")
+    parser.add_argument("--commit-every", type=int, default=10, help="steps between commits")
+    parser.add_argument("--step-delay", type=float, default=0.0,
+                        help="seconds of extra work per step (to give tests time to act)")
+    parser.add_argument("--data", default=DEFAULT_DATA)
+    args = parser.parse_args()
+
+    hvd.init()
+    torch.manual_seed(42)
+    x_train, y_train, x_test, y_test = load_digits(args.data)
+    dataset = torch.utils.data.TensorDataset(x_train, y_train)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=1)
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, steps=0)
+    progress = {"steps": 0, "commit_digest": None, "last_step_time": time.time()}
+
+    def scale_lr():
+        # The global batch is batch-size x ranks: the learning rate follows it.
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * hvd.size()
+
+    def on_reset():
+        # Runs on the ranks that were there before the reset (Horovod's semantics: before the
+        # state is synced, so no collectives here); new ranks start in train() below.
+        scale_lr()
+        if hvd.rank() == 0:
+            print("resize: %d ranks at %.3f; rolled back to epoch %d batch %d (%d steps since "
+                  "the last commit are redone); lr %.3f"
+                  % (hvd.size(), time.time(), state.epoch, state.batch,
+                     max(progress["steps"] - state.steps, 0), args.lr * hvd.size()), flush=True)
+        progress["steps"] = state.steps
+
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state):
+        # Every (re)start, after the state was synced from rank 0: every rank holds the same
+        # parameters, and a rank that committed before holds exactly its last commit.
+        scale_lr()
+        now = digest(model)
+        digests = hvd.allgather_object(now, name="elastic.digests")
+        if progress["commit_digest"] is not None:
+            print("sync check: rank %d of %d params %s equal on every rank %s, equal to my last "
+                  "commit %s" % (hvd.rank(), hvd.size(), now, len(set(digests)) == 1,
+                                 progress["commit_digest"] == now), flush=True)
+        elif state.steps > 0:
+            print("sync check: rank %d of %d params %s equal on every rank %s, new rank"
+                  % (hvd.rank(), hvd.size(), now, len(set(digests)) == 1), flush=True)
+        while state.epoch < args.epochs:
+            model.train()
+            loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size,
+                                                 sampler=sampler)
+            start = time.perf_counter()
+            for batch_idx, (x, y) in enumerate(loader, start=0):
+                # The sampler already skips what earlier rounds of this epoch did.
+                optimizer.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                optimizer.step()
+                if args.step_delay:
+                    time.sleep(args.step_delay)
+                sampler.record_batch(batch_idx, args.batch_size)
+                state.batch += 1
+                state.steps += 1
+                progress["steps"] = state.steps
+                progress["last_step_time"] = time.time()
+                if state.steps % args.commit_every == 0:
+                    progress["commit_digest"] = digest(model)  # what commit() saves
+                    state.commit()
+            model.eval()
+            with torch.no_grad():
+                mine = slice(hvd.rank(), None, hvd.size())
+                correct = (model(x_test[mine]).argmax(1) == y_test[mine]).sum().float()
+            correct = hvd.allreduce(correct.reshape(1), op=hvd.Sum, name="correct").item()
+            if hvd.rank() == 0:
+                print("epoch %2d/%d  %d ranks  test accuracy %.4f  %.1f s" % (
+                    state.epoch + 1, args.epochs, hvd.size(), correct / len(y_test),
+                    time.perf_counter() - start), flush=True)
+            state.epoch += 1
+            state.batch = 0
+            sampler.set_epoch(state.epoch)
+            progress["commit_digest"] = digest(model)
+            state.commit()
+        return correct / len(y_test)
+
+    accuracy = train(state)
+    if hvd.rank() == 0:
+        print("final test accuracy: %.4f (%d ranks at the end)" % (accuracy, hvd.size()),
+              flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

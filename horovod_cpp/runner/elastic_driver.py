@@ -1,0 +1,336 @@
+"""The elastic driver: hvdrun --min-np/--max-np/--host-discovery-script (Gloo only).
+
+Workers are processes started once per slot (``host:slot`` is a worker's id) and kept across
+resets; a round is one communicator over some of them (horovod_cpp/elastic/__init__.py has the
+protocol in the rendezvous store). The driver forms a new round when
+
+* a worker ends with a failure: its host is blacklisted (for a time drawn from
+  --blacklist-cooldown-range, else for good) and the host's other workers are stopped;
+* a host disappears from the discovery script's output: its workers are stopped;
+* hosts (or slots) appear: new workers start, the hosts version is bumped, and the round forms
+  once every member of the current round has asked for a reset (at its next
+  ``state.commit()`` / ``check_host_updates()``);
+* a member asks for a reset on its own (a collective failed without any worker ending).
+
+A round needs at least --min-np workers: with fewer, the driver waits --elastic-timeout for hosts
+to appear and then fails the job. Survivors keep their order (rank 0 stays rank 0 while it lives,
+so the state is synced from a rank that has it); new workers come last. --reset-limit caps the
+number of rounds after the first. The job ends when its workers end: 0 when they all succeed.
+"""
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+
+from horovod_cpp.runner import gloo_run
+from horovod_cpp.runner.hosts import HostError, parse_hosts
+from horovod_cpp.runner.rendezvous import RendezvousServer, new_secret
+
+DISCOVERY_INTERVAL = 1.0
+SUCCESS_GRACE = 30.0  # after one worker succeeds, how long the others have to finish
+
+
+class ElasticError(RuntimeError):
+    pass
+
+
+def run_discovery(script, default_slots, timeout=10.0):
+    """{host: slots} from the discovery script's output (lines 'host' or 'host:slots')."""
+    out = subprocess.run(script, shell=True, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise ElasticError("--host-discovery-script %s exited with %d: %s"
+                           % (script, out.returncode, out.stderr.strip()[-300:]))
+    hosts = {}
+    for line in out.stdout.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            (name, slots), = parse_hosts(line if ":" in line else "%s:%d" % (line, default_slots))
+        except HostError as e:
+            raise ElasticError("--host-discovery-script printed %r: %s" % (line, e))
+        hosts[name] = slots
+    return hosts
+
+
+class Worker(object):
+    def __init__(self, host, slot, proc):
+        self.host, self.slot, self.proc = host, slot, proc
+        self.id = "%s:%d" % (host, slot)
+        self.rank = None  # in the latest round it belongs to
+        self.ended = None  # exit status once it ended
+        self.removed = False  # stopped by the driver (its host went away or was blacklisted)
+
+    def live(self):
+        return self.ended is None and not self.removed
+
+
+class ElasticDriver(object):
+    def __init__(self, command, np, min_np, max_np, hosts=None, discovery_script=None,
+                 slots_per_host=1, elastic_timeout=600.0, reset_limit=None,
+                 cooldown_range=None, env=None, on_line=None, ssh_args=(), ssh="ssh",
+                 log=None):
+        self.command = list(command)
+        self.np, self.min_np, self.max_np = np, min_np, max_np
+        self.fixed_hosts = dict(hosts) if hosts else None
+        self.discovery_script = discovery_script
+        self.slots_per_host = slots_per_host
+        self.elastic_timeout = elastic_timeout
+        self.reset_limit = reset_limit
+        self.cooldown_range = cooldown_range
+        self.env = dict(env or {})
+        self.on_line = on_line or (lambda tag, stream, text: None)
+        self.log = log or (lambda text: None)
+        self.ssh_args, self.ssh = list(ssh_args), ssh
+        self.secret = new_secret()
+        self.server = None
+        self.workers = []  # every worker ever started, in start order
+        self.blacklist = {}  # host -> monotonic time it may return (inf: never)
+        self.failures = {}  # host -> failures seen
+        self.round = -1
+        self.members = []  # of the latest round, in rank order
+        self.forming = None  # (round, deadline) while waiting for the members' readiness
+        self.hosts_version = 0
+        self.pending_add = False
+        self.short_since = None  # when the live workers fell below --min-np
+        self.resets = 0
+        self.history = []  # (round, [worker ids], reason) for tests and the closing report
+        self.lock = threading.Lock()
+
+    # ---- hosts ---------------------------------------------------------------------------
+    def discover(self):
+        if self.discovery_script is None:
+            return dict(self.fixed_hosts or {"localhost": self.max_np})
+        return run_discovery(self.discovery_script, self.slots_per_host)
+
+    def usable(self, host, now):
+        return self.blacklist.get(host, 0) <= now
+
+    def blacklist_host(self, host, why):
+        self.failures[host] = self.failures.get(host, 0) + 1
+        if self.cooldown_range:
+            lo, hi = self.cooldown_range
+            until = time.monotonic() + random.uniform(lo, hi)
+            text = "for %.0f s" % (until - time.monotonic())
+        else:
+            until, text = float("inf"), "for the rest of the job"
+        self.blacklist[host] = until
+        self.log("blacklisted %s %s (%s)" % (host, text, why))
+        for w in self.workers:
+            if w.host == host and w.live():
+                self.stop_worker(w)
+
+    # ---- workers -------------------------------------------------------------------------
+    def worker_env(self, w):
+        env = dict(self.env)
+        env.update({
+            "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_ELASTIC": "1", "HOROVOD_ELASTIC_WORKER_ID": w.id,
+            "HOROVOD_ELASTIC_TIMEOUT": str(self.elastic_timeout),
+            "HOROVOD_HOSTNAME": "127.0.0.1" if self.address == "127.0.0.1" else w.host,
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": self.address,
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.server.port),
+        })
+        return env
+
+    def start_worker(self, host, slot):
+        w = Worker(host, slot, None)
+        w.proc = gloo_run.spawn(host, self.worker_env(w), self.command, self.secret,
+                                self.ssh_args, self.ssh)
+        gloo_run.read_output(w.proc, w.id, self.on_line)
+        self.workers.append(w)
+        return w
+
+    def stop_worker(self, w):
+        w.removed = True
+        gloo_run.stop_process(w.proc)
+        w.ended = w.proc.returncode
+
+    def live_workers(self):
+        return [w for w in self.workers if w.live()]
+
+    def grow(self, hosts, now):
+        """Starts workers on the free slots of usable hosts, up to --max-np (at start: -np)."""
+        limit = self.np if self.round < 0 else self.max_np
+        started = []
+        for host, slots in hosts.items():
+            if not self.usable(host, now):
+                continue
+            used = {w.slot for w in self.live_workers() if w.host == host}
+            for slot in range(slots):
+                if len(self.live_workers()) >= limit:
+                    return started
+                if slot not in used:
+                    started.append(self.start_worker(host, slot))
+        return started
+
+    # ---- rounds --------------------------------------------------------------------------
+    def form_round(self, reason):
+        live = self.live_workers()
+        if self.round >= 0:
+            if self.reset_limit is not None and self.resets >= self.reset_limit:
+                raise ElasticError("the job needed another reset (%s) but --reset-limit %d was "
+                                   "reached" % (reason, self.reset_limit))
+            self.resets += 1
+        previous = [w for w in self.members if w in live]
+        newcomers = [w for w in live if w not in previous]
+        members = (previous + newcomers)[:self.max_np]
+        self.round += 1
+        k = self.round
+        for rank, w in enumerate(members):
+            w.rank = rank
+            self.server.put("elastic/%d/assign/%s" % (k, w.id), json.dumps({
+                "rank": rank, "size": len(members), "hosts_version": self.hosts_version,
+            }).encode())
+        for w in live[len(members):] if len(live) > len(members) else []:
+            self.server.put("elastic/%d/assign/%s" % (k, w.id), b"stop")
+        self.server.put("elastic/round", str(k).encode())
+        self.members = members
+        self.forming = (k, time.monotonic() + self.elastic_timeout)
+        self.pending_add = False
+        self.history.append((k, [w.id for w in members], reason))
+        self.log("round %d: %d ranks (%s): %s" % (k, len(members),
+                                                ", ".join(w.id for w in members), reason))
+
+    def check_forming(self, now):
+        k, deadline = self.forming
+        missing = [w for w in self.members
+                   if self.server.get("elastic/%d/ready/%s" % (k, w.id)) is None]
+        if not missing:
+            self.server.put("elastic/%d/go" % k, b"1")
+            self.forming = None
+            return None
+        dead = [w for w in missing if not w.live()]
+        if dead:
+            return "worker %s ended before joining round %d" % (dead[0].id, k)
+        if now >= deadline:
+            for w in missing:
+                self.blacklist_host(w.host, "worker %s did not join round %d within "
+                                            "--elastic-timeout" % (w.id, k))
+            return "workers %s did not join round %d" % (", ".join(w.id for w in missing), k)
+        return None
+
+    # ---- the loop ------------------------------------------------------------------------
+    def run(self):
+        hosts = self.discover()
+        self.address = gloo_run.facing_address(list(hosts.items()))
+        self.server = RendezvousServer(self.secret, bind=self.address)
+        try:
+            return self._run(hosts)
+        finally:
+            for w in self.workers:
+                if w.ended is None:
+                    gloo_run.stop_process(w.proc)
+            self.server.stop()
+
+    def _run(self, hosts):
+        now = time.monotonic()
+        self.grow(hosts, now)
+        if len(self.live_workers()) < self.min_np:
+            raise ElasticError("only %d slots on the usable hosts (%s), fewer than --min-np %d"
+                               % (len(self.live_workers()), ", ".join(hosts) or "none",
+                                  self.min_np))
+        self.form_round("start")
+        next_discovery = now + DISCOVERY_INTERVAL
+        first_success = None
+        need = None
+        while True:
+            time.sleep(0.05)
+            now = time.monotonic()
+            for w in self.workers:
+                if w.ended is None and not w.removed and w.proc.poll() is not None:
+                    w.ended = w.proc.returncode
+                    if w.ended == 0:
+                        first_success = first_success or now
+                    else:
+                        why = "worker %s ended with %s" % (w.id, gloo_run.proc.describe_exit(
+                            w.ended))
+                        self.log(why)
+                        self.blacklist_host(w.host, why)
+                        need = need or why
+            ended_ok = [w for w in self.members if w.ended == 0]
+            if ended_ok:
+                if all(w.ended is not None for w in self.members):
+                    return 0 if all(w.ended == 0 for w in self.members) else 1
+                if now - first_success > SUCCESS_GRACE:
+                    self.log("stopping the workers still running %g s after %s succeeded"
+                             % (SUCCESS_GRACE, ended_ok[0].id))
+                    return 1
+                continue
+            if self.discovery_script is not None and now >= next_discovery:
+                next_discovery = now + DISCOVERY_INTERVAL
+                try:
+                    hosts = self.discover()
+                except (ElasticError, subprocess.TimeoutExpired) as e:
+                    self.log("host discovery failed, keeping the last hosts: %s" % e)
+                for w in self.live_workers():
+                    if w.host not in hosts or w.slot >= hosts[w.host]:
+                        self.log("host %s is gone from the discovered hosts" % w.host)
+                        self.stop_worker(w)
+                        need = need or "worker %s's host was removed" % w.id
+                if self.grow(hosts, now):
+                    self.hosts_version += 1
+                    self.server.put("elastic/hosts_version", str(self.hosts_version).encode())
+                    self.pending_add = True
+            if self.forming is not None and need is None:
+                need = self.check_forming(now)
+                if self.forming is not None or need is not None:
+                    continue
+            k = self.round
+            resets = [w for w in self.members
+                      if self.server.get("elastic/%d/reset/%s" % (k, w.id)) is not None]
+            if need is None and resets:
+                live_members = [w for w in self.members if w.live()]
+                if self.pending_add:
+                    if all(w in resets for w in live_members):
+                        need = "hosts added"
+                else:
+                    need = "worker %s asked for a reset" % resets[0].id
+            if need is None:
+                continue
+            if len(self.live_workers()) < self.min_np:
+                if self.short_since is None:
+                    self.short_since = now
+                    self.log("%d workers left, fewer than --min-np %d: waiting up to %g s for "
+                             "hosts" % (len(self.live_workers()), self.min_np,
+                                        self.elastic_timeout))
+                if now - self.short_since > self.elastic_timeout:
+                    raise ElasticError(
+                        "only %d ranks remain (%s), fewer than --min-np %d, and no host came "
+                        "within --elastic-timeout %g s (%s)"
+                        % (len(self.live_workers()),
+                           ", ".join(w.id for w in self.live_workers()) or "none", self.min_np,
+                           self.elastic_timeout, need))
+                continue
+            self.short_since = None
+            self.form_round(need)
+            need = None
+
+
+def run(args, command, hosts, env):
+    """hvdrun's elastic path: the job's exit code."""
+    def on_line(tag, stream, text):
+        out = sys.stdout if stream == "stdout" else sys.stderr
+        out.write("[%s]<%s>:%s\n" % (tag, stream, text))
+        out.flush()
+
+    def log(text):
+        print("hvdrun: elastic: %s" % text, file=sys.stderr, flush=True)
+
+    min_np = args.min_np or args.np
+    max_np = args.max_np or max(args.np or 0, min_np)
+    np = args.np or min_np
+    driver = ElasticDriver(
+        command, np, min_np, max_np, hosts=hosts, discovery_script=args.host_discovery_script,
+        slots_per_host=args.slots_per_host, elastic_timeout=args.elastic_timeout,
+        reset_limit=args.reset_limit, cooldown_range=args.blacklist_cooldown_range, env=env,
+        on_line=on_line, ssh_args=gloo_run.mpirun.ssh_options(args.ssh_port,
+                                                             args.ssh_identity_file),
+        log=log)
+    try:
+        return driver.run()
+    except ElasticError as e:
+        print("hvdrun: error: %s" % e, file=sys.stderr, flush=True)
+        return 1

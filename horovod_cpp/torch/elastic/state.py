@@ -1,0 +1,128 @@
+"""Elastic state objects: what is committed, restored and synced across resets."""
+import copy
+
+from horovod_cpp.elastic import HostsUpdatedInterrupt, enabled, worker
+from horovod_cpp.torch.functions import (broadcast_object, broadcast_optimizer_state,
+                                         broadcast_parameters)
+from horovod_cpp.torch.mpi_ops import rank
+
+
+class State(object):
+    """Base of the elastic states: commit = save + check_host_updates; restore; sync; reset
+    callbacks (run after every reset, on every rank, once the new world is up)."""
+
+    def __init__(self):
+        self._reset_callbacks = []
+
+    def register_reset_callbacks(self, callbacks):
+        """Functions called (no arguments) after every reset: where the learning rate and the
+        per-rank batch follow the new world size."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self):
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self):
+        """Saves the state (the point a failure rolls back to), then checks for host updates
+        (which raises HostsUpdatedInterrupt on every rank when there are some)."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self):
+        """Raises HostsUpdatedInterrupt on every rank when the driver has added or removed
+        hosts since this round began. Rank 0 asks the driver; every rank gets its answer, so
+        all raise or none does."""
+        changed = False
+        if enabled() and rank() == 0:
+            changed = worker().hosts_changed()
+        if broadcast_object(changed, 0, name="elastic.hosts_updated"):
+            raise HostsUpdatedInterrupt(skip_sync=False)
+
+    def save(self):
+        raise NotImplementedError()
+
+    def restore(self):
+        raise NotImplementedError()
+
+    def sync(self):
+        raise NotImplementedError()
+
+
+class ObjectState(State):
+    """Picklable attributes (``ObjectState(epoch=0, batch=0)``, then ``state.epoch``); synced by
+    broadcasting them from rank 0."""
+
+    def __init__(self, bcast_object=broadcast_object, get_rank=rank, **kwargs):
+        super().__init__()
+        self._bcast_object = bcast_object
+        self._get_rank = get_rank
+        self._saved_state = kwargs
+        self._set_attrs()
+
+    def save(self):
+        self._saved_state = {k: copy.deepcopy(getattr(self, k)) for k in self._saved_state}
+
+    def restore(self):
+        self._set_attrs()
+
+    def sync(self):
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state, 0,
+                                                   name="elastic.object_state")
+            self._set_attrs()
+
+    def _set_attrs(self):
+        for k, v in self._saved_state.items():
+            setattr(self, k, copy.deepcopy(v))
+
+
+class TorchState(ObjectState):
+    """A model's and an optimizer's state plus any picklable attributes. commit copies the
+    model's and the optimizer's state dicts; restore loads them back; sync broadcasts the
+    parameters, the optimizer state and the attributes from rank 0."""
+
+    def __init__(self, model=None, optimizer=None, **kwargs):
+        self.model = model
+        self.optimizer = optimizer
+        self._saved_model_state = None
+        self._saved_optimizer_state = None
+        # Objects with state_dict/load_state_dict (an ElasticSampler) travel as their state.
+        self._handled = {k: v for k, v in kwargs.items()
+                         if hasattr(v, "state_dict") and hasattr(v, "load_state_dict")}
+        plain = {k: v for k, v in kwargs.items() if k not in self._handled}
+        for k, v in self._handled.items():
+            setattr(self, k, v)
+        self._saved_handled = {}
+        super().__init__(**plain)
+        self._save_torch()
+
+    def _save_torch(self):
+        self._saved_handled = {k: copy.deepcopy(v.state_dict()) for k, v in self._handled.items()}
+        if self.model is not None:
+            self._saved_model_state = copy.deepcopy(self.model.state_dict())
+        if self.optimizer is not None:
+            self._saved_optimizer_state = copy.deepcopy(self.optimizer.state_dict())
+
+    def save(self):
+        self._save_torch()
+        super().save()
+
+    def restore(self):
+        if self.model is not None:
+            self.model.load_state_dict(self._saved_model_state)
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(self._saved_optimizer_state)
+        for k, v in self._handled.items():
+            v.load_state_dict(self._saved_handled[k])
+        super().restore()
+
+    def sync(self):
+        if self.model is not None:
+            broadcast_parameters(self.model.state_dict(), root_rank=0)
+        if self.optimizer is not None:
+            broadcast_optimizer_state(self.optimizer, root_rank=0)
+        for k, v in self._handled.items():  # rank 0's, then re-partitioned for the new world
+            v.load_state_dict(broadcast_object(v.state_dict(), 0, name="elastic." + k))
+        super().sync()
+        self._save_torch()  # what was synced is the point to roll back to
