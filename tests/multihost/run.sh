@@ -85,6 +85,28 @@ run "check_hosts.py --gloo -H hvd-h1:1,hvd-h2:1,hvd-h3:1" 120 \
 run "python suite --gloo -H hvd-h1:2,hvd-h2:2" 600 sh -c "cd '$ROOT_DIR/tests/python' && \
   '${HVDRUN[0]}' --gloo -np 4 -H hvd-h1:2,hvd-h2:2 '$PY' -m pytest -q -x"
 
+# Elastic training across the hosts (tests/multihost/elastic, from this machine, which makes
+# the faults; each job runs from hvd-h1): a host's processes killed mid-epoch, its link down, a
+# host added by discovery, fewer hosts than --min-np. Time to resume and steps redone are
+# printed after it.
+elastic_report=/tmp/hvd-elastic-report.$$
+run_here() {  # like run, but on this machine (the suite starts its jobs on hvd-h1 itself)
+  local name=$1 limit=$2 start=$SECONDS
+  shift 2
+  if timeout -k 10 "$limit" "$@" > "/tmp/hvd-multihost.$$.log" 2>&1; then
+    echo "multihost: ok   $name ($((SECONDS - start)) s)"
+  else
+    echo "multihost: FAIL $name (exit $? after $((SECONDS - start)) s); last lines:" >&2
+    tail -60 "/tmp/hvd-multihost.$$.log" >&2
+    failures=$((failures + 1))
+  fi
+  rm -f "/tmp/hvd-multihost.$$.log"
+}
+run_here "elastic suite (3 hosts)" 600 env HVD_ELASTIC_REPORT="$elastic_report" \
+  "$PY" -m pytest -q "$ROOT_DIR/tests/multihost/elastic"
+[[ -f $elastic_report ]] && sed 's/^/multihost: /' "$elastic_report"
+rm -f "$elastic_report"
+
 # Hierarchical allreduce and allgather at 2 x 2 (every op, dtype and scale factor of the core
 # and collectives suites, checked against hand-computed expectations, as the flat runs above):
 # rank 0 says they are on. At 2 + 1 ranks the hosts differ: one warning, flat results.

@@ -1,0 +1,164 @@
+"""The elastic driver with simulated ranks (its rounds, the order of ranks across resets,
+blacklisting, --min-np, --reset-limit, growth from the discovery script), and real elastic
+training on this host (examples/elastic_train.py) that loses a rank and gains one."""
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from horovod_cpp import _core
+from horovod_cpp.runner.elastic_driver import ElasticDriver, ElasticError
+
+pytestmark = pytest.mark.skipif(not _core.gloo_built(), reason="built without Gloo")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SIM = [sys.executable, os.path.join(HERE, "elastic_sim_worker.py")]
+# Three names of this machine: hosts of their own for the driver (a failure blacklists one).
+A, B, C = "localhost", "127.0.0.1", socket.gethostname()
+
+
+def discovery(tmp_path, hosts):
+    listing = tmp_path / "hosts.txt"
+    listing.write_text("".join(h + "\n" for h in hosts))
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\ncat %s\n" % listing)
+    script.chmod(0o755)
+    return str(script), listing
+
+
+def driver(command, np, min_np, max_np, script, lines, **kw):
+    def on_line(tag, stream, text):
+        lines.append((tag, stream, text))
+    return ElasticDriver(command, np, min_np, max_np, discovery_script=script,
+                         on_line=on_line, log=lambda t: lines.append((None, "log", t)), **kw)
+
+
+def rounds_of(lines, worker):
+    return [text for tag, stream, text in lines if tag == worker and stream == "stdout"]
+
+
+def test_a_failed_worker_is_dropped_and_survivors_keep_their_order(tmp_path):
+    script, _ = discovery(tmp_path, [A + ":1", B + ":1", C + ":1"])
+    lines = []
+    d = driver(SIM + ["2", B + ":0"], 3, 2, 3, script, lines, elastic_timeout=20)
+    assert d.run() == 0, lines
+    assert [(k, ids) for k, ids, _ in d.history] == [
+        (0, [A + ":0", B + ":0", C + ":0"]), (1, [A + ":0", C + ":0"])]
+    assert "worker %s:0 ended with exit code 3" % B in d.history[1][2]
+    assert d.blacklist[B] == float("inf") and A not in d.blacklist
+    assert rounds_of(lines, A + ":0") == ["round 0 rank 0 size 3", "round 1 rank 0 size 2"]
+    assert rounds_of(lines, C + ":0") == ["round 0 rank 2 size 3", "round 1 rank 1 size 2"]
+
+
+def test_hosts_added_by_discovery_join_at_the_next_reset(tmp_path):
+    script, listing = discovery(tmp_path, [A + ":1"])
+    lines = []
+    d = driver(SIM + ["3"], 1, 1, 3, script, lines, elastic_timeout=20)
+
+    def add_hosts():
+        deadline = time.monotonic() + 20
+        while not rounds_of(lines, A + ":0") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        listing.write_text("%s:1\n%s:2\n" % (A, B))
+    t = threading.Thread(target=add_hosts)
+    t.start()
+    assert d.run() == 0, lines
+    t.join()
+    assert [(k, ids) for k, ids, _ in d.history] == [
+        (0, [A + ":0"]), (1, [A + ":0", B + ":0", B + ":1"])]
+    assert d.history[1][2] == "hosts added" and d.hosts_version == 1
+    assert rounds_of(lines, B + ":1") == ["round 1 rank 2 size 3"]
+
+
+def test_fewer_than_min_np_fails_after_the_elastic_timeout(tmp_path):
+    script, _ = discovery(tmp_path, [A + ":1", B + ":1"])
+    lines = []
+    d = driver(SIM + ["1", B + ":0"], 2, 2, 2, script, lines, elastic_timeout=2)
+    start = time.monotonic()
+    with pytest.raises(ElasticError, match=r"only 1 ranks remain \(localhost:0\), fewer than "
+                                           r"--min-np 2, and no host came within "
+                                           r"--elastic-timeout 2 s"):
+        d.run()
+    assert 2 <= time.monotonic() - start < 15
+    assert not any(w.proc.poll() is None for w in d.workers)  # nothing left running
+
+
+def test_reset_limit(tmp_path):
+    script, _ = discovery(tmp_path, [A + ":1", B + ":1", C + ":1"])
+    lines = []
+    d = driver(SIM + ["2", C + ":0"], 3, 2, 3, script, lines, elastic_timeout=20, reset_limit=0)
+    with pytest.raises(ElasticError, match="--reset-limit 0 was reached"):
+        d.run()
+
+
+def elastic_train(args, script_args, env=None):
+    full = dict(os.environ)
+    full.update(env or {})
+    return subprocess.Popen([sys.executable, "-m", "horovod_cpp.runner"] + args +
+                            [sys.executable, os.path.join(ROOT, "examples", "elastic_train.py")]
+                            + script_args,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=full, cwd=HERE)
+
+
+def worker_pids(worker_id):
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/environ" % entry, "rb") as f:
+                env = f.read().split(b"\0")
+            with open("/proc/%s/cmdline" % entry, "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if (b"elastic_train.py" in cmd
+                and ("HOROVOD_ELASTIC_WORKER_ID=%s" % worker_id).encode() in env):
+            pids.append(int(entry))
+    return pids
+
+
+ACCURACY_BAR = 0.93  # examples/elastic_train.py, 6 epochs: a fixed-size run reaches 0.95-0.97
+
+
+def test_training_survives_a_killed_rank_and_resumes_from_the_last_commit(tmp_path):
+    script, _ = discovery(tmp_path, [A + ":1", B + ":1", C + ":1"])
+    job = elastic_train(["-np", "3", "--min-np", "2", "--max-np", "3",
+                         "--host-discovery-script", script],
+                        ["--epochs", "6", "--step-delay", "0.01"])
+    out = []
+    killed_at = None
+    deadline = time.monotonic() + 200
+    for line in job.stdout:
+        out.append(line.rstrip("\n"))
+        if killed_at is None and "epoch  2/6  3 ranks" in line:
+            time.sleep(0.5)
+            for pid in worker_pids(B + ":0"):
+                os.kill(pid, signal.SIGKILL)
+            killed_at = time.time()
+        if time.monotonic() > deadline:
+            job.kill()
+            break
+    assert job.wait(30) == 0, "\n".join(out)
+    text = "\n".join(out)
+    assert killed_at is not None, text
+    final = re.search(r"final test accuracy: ([0-9.]+) \(2 ranks at the end\)", text)
+    assert final and float(final.group(1)) >= ACCURACY_BAR, text
+    resize = re.search(r"resize: 2 ranks at ([0-9.]+); rolled back to epoch \d+ batch \d+ \((\d+) "
+                       r"steps since the last commit are redone\)", text)
+    assert resize, text
+    assert float(resize.group(1)) - killed_at < 10, text
+    assert int(resize.group(2)) < 10, text  # --commit-every 10
+    # Every survivor holds exactly its last commit after the reset, and all agree.
+    checks = [l for l in out if "sync check: rank" in l and "of 2 params" in l]
+    assert len(checks) == 2, text
+    assert all("equal on every rank True, equal to my last commit True" in l for l in checks), \
+        text
