@@ -5,7 +5,7 @@
 # where ratio is against a baseline measured in the same run. About 15 minutes on 2 cores,
 # 10 of them across test hosts.
 #   ./bench.sh                 all figures (allreduce over shared memory, TCP and test hosts,
-#                              timeline overhead, training throughput vs DDP)
+#                              timeline overhead, training throughput vs DDP, Gloo vs MPI)
 #   ./bench.sh --quick         fewer repetitions (noisier)
 #   ./bench.sh --no-horovod    skip the comparison with Horovod 0.28.1 (which the first run
 #                              builds from PyPI into .venv-horovod: about 2.5 minutes, once)
@@ -70,6 +70,17 @@ if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT;
     "${MPIRUN[@]}" .venv/bin/python examples/bench/python_path.py --id P1 --label hvdrun "${PP[@]}"
     "${PLAIN[@]}" .venv/bin/python examples/bench/python_path.py --id P2 --label plain_mpirun \
       "${PP[@]}"
+    echo "# the Gloo backend (hvdrun --gloo) vs MPI: the same measurements (ratio = MPI p50 / Gloo p50)"
+    backends=$(mktemp -d build/backends.XXXXXX)
+    (cd examples/bench &&
+      "${MPIRUN[@]}" ../../.venv/bin/python backend_compare.py --out "../../$backends/mpi.json" &&
+      "${MPIRUN[@]}" --mca btl tcp,self ../../.venv/bin/python backend_compare.py \
+        --out "../../$backends/mpi_tcp.json" &&
+      ../../.venv/bin/hvdrun --gloo -np 2 ../../.venv/bin/python backend_compare.py \
+        --out "../../$backends/gloo.json" > /dev/null &&
+      python3 backend_compare.py --compare "../../$backends/mpi.json" "../../$backends/gloo.json" &&
+      python3 backend_compare.py --compare "../../$backends/mpi_tcp.json" \
+        "../../$backends/gloo.json" --label _mpi_over_tcp)
     if ((horovod)); then
       echo "# horovod_cpp vs Horovod 0.28.1: the same script, $ROUNDS alternating rounds each"
       results=$(mktemp -d build/vs_horovod.XXXXXX)

@@ -68,6 +68,14 @@ int main(int argc, char** argv) {
   const int seconds = env ? std::atoi(env) : 90;
   std::thread watchdog(Watchdog, seconds > 0 ? seconds : 90);
 
+  // The suites on the Gloo backend (tests/with_rendezvous.py): mpirun numbers the ranks.
+  const char* controller = std::getenv("HOROVOD_CONTROLLER");
+  if (controller != nullptr && std::string(controller) == "gloo") {
+    int size = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    setenv("HOROVOD_RANK", std::to_string(g_rank).c_str(), 1);
+    setenv("HOROVOD_SIZE", std::to_string(size).c_str(), 1);
+  }
   hvd::Status init = hvd::Init();
   if (!init.ok()) {
     std::fprintf(stderr, "[rank %d] hvd::Init failed: %s\n", g_rank, init.ToString().c_str());

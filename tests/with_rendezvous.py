@@ -1,0 +1,31 @@
+"""Runs a command (an mpirun of a C++ test binary) with a Gloo rendezvous store for its ranks:
+the MPI test suites on the Gloo backend. mpirun starts the processes and the test harness keeps
+MPI for its own cross-checks; horovod_cpp itself runs on Gloo (tests/mpi/mpi_test_main.cc sets
+each rank's HOROVOD_RANK/SIZE from MPI when HOROVOD_CONTROLLER=gloo).
+
+    python3 tests/with_rendezvous.py mpirun -np 3 build/tests/mpi_core_tests
+"""
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                "horovod_cpp", "runner"))
+from rendezvous import RendezvousServer, new_secret  # noqa: E402  (pure Python, no _core)
+
+
+def main(argv):
+    secret = new_secret()
+    server = RendezvousServer(secret, bind="127.0.0.1")
+    env = dict(os.environ, HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo",
+               HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1",
+               HOROVOD_GLOO_RENDEZVOUS_PORT=str(server.port), HOROVOD_GLOO_SECRET=secret,
+               HOROVOD_HOSTNAME="127.0.0.1")
+    try:
+        return subprocess.call(argv, env=env)
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
