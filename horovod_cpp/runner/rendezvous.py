@@ -27,7 +27,8 @@ def new_secret():
     return secrets.token_hex(32)
 
 
-def _recv_exact(sock, n):
+def recv_exact(sock, n):
+    """Exactly ``n`` bytes from ``sock`` (ConnectionError if it closes first)."""
     chunks = []
     while n:
         chunk = sock.recv(min(n, 1 << 20))
@@ -71,7 +72,7 @@ class RendezvousServer(object):
         try:
             sock.settimeout(30)
             sock.sendall(_HELLO + nonce)
-            mac = _recv_exact(sock, _MAC)
+            mac = recv_exact(sock, _MAC)
             if not hmac.compare_digest(mac, hmac.new(self.secret, nonce, hashlib.sha256).digest()):
                 with self._lock:
                     self.refused += 1
@@ -82,15 +83,15 @@ class RendezvousServer(object):
                 op = sock.recv(1)
                 if not op:
                     return
-                (klen,) = struct.unpack(">I", _recv_exact(sock, 4))
+                (klen,) = struct.unpack(">I", recv_exact(sock, 4))
                 if klen > _MAX_ITEM:
                     return
-                key = _recv_exact(sock, klen).decode("utf-8", "replace")
+                key = recv_exact(sock, klen).decode("utf-8", "replace")
                 if op == b"S":
-                    (vlen,) = struct.unpack(">I", _recv_exact(sock, 4))
+                    (vlen,) = struct.unpack(">I", recv_exact(sock, 4))
                     if vlen > _MAX_ITEM:
                         return
-                    self.put(key, _recv_exact(sock, vlen))
+                    self.put(key, recv_exact(sock, vlen))
                     sock.sendall(b"\x01")
                 elif op == b"G":
                     value = self.get(key)
@@ -139,28 +140,28 @@ class RendezvousClient(object):
         self.secret = secret.encode() if isinstance(secret, str) else secret
         self._sock = socket.create_connection((host, int(port)), timeout=timeout)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hello = _recv_exact(self._sock, len(_HELLO) + _NONCE)
+        hello = recv_exact(self._sock, len(_HELLO) + _NONCE)
         if hello[:len(_HELLO)] != _HELLO:
             raise ConnectionError("%s:%s is not a horovod_cpp rendezvous store" % (host, port))
         self._sock.sendall(hmac.new(self.secret, hello[len(_HELLO):], hashlib.sha256).digest())
-        if _recv_exact(self._sock, 1) != b"\x01":
+        if recv_exact(self._sock, 1) != b"\x01":
             raise ConnectionError("the rendezvous store refused this process")
 
     def set(self, key, value):
         k = key.encode()
         self._sock.sendall(b"S" + struct.pack(">I", len(k)) + k + struct.pack(">I", len(value))
                            + bytes(value))
-        if _recv_exact(self._sock, 1) != b"\x01":
+        if recv_exact(self._sock, 1) != b"\x01":
             raise ConnectionError("the rendezvous store did not store %r" % key)
 
     def get(self, key):
         """The value of ``key``, or None while it is not set."""
         k = key.encode()
         self._sock.sendall(b"G" + struct.pack(">I", len(k)) + k)
-        if _recv_exact(self._sock, 1) != b"\x01":
+        if recv_exact(self._sock, 1) != b"\x01":
             return None
-        (n,) = struct.unpack(">I", _recv_exact(self._sock, 4))
-        return _recv_exact(self._sock, n)
+        (n,) = struct.unpack(">I", recv_exact(self._sock, 4))
+        return recv_exact(self._sock, n)
 
     def wait(self, key, timeout):
         deadline = time.monotonic() + timeout

@@ -14,6 +14,8 @@ import socketserver
 import struct
 import threading
 
+from horovod_cpp.runner.rendezvous import recv_exact as _recv_exact
+
 _DIGEST = 32
 _MAX_FRAME = 1 << 31
 
@@ -30,17 +32,6 @@ def send(sock, key, obj):
     body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     digest = hmac.new(key, body, hashlib.sha256).digest()
     sock.sendall(digest + struct.pack(">I", len(body)) + body)
-
-
-def _recv_exact(sock, n):
-    chunks = []
-    while n:
-        chunk = sock.recv(min(n, 1 << 20))
-        if not chunk:
-            raise ConnectionError("connection closed")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
 
 
 def recv(sock, key):
