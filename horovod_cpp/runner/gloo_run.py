@@ -52,8 +52,11 @@ def is_local(name):
 
 
 def facing_address(hosts):
-    """The address of this host that the other hosts reach it on (loopback if all are local):
-    the source address of the route to the first other host (a UDP connect sends nothing)."""
+    """The address of this host that the other hosts reach it on: HOROVOD_GLOO_RENDEZVOUS_ADDR
+    when hvdrun's environment sets it, else loopback if all hosts are local, else the source
+    address of the route to the first other host (a UDP connect sends nothing)."""
+    if os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+        return os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"]
     remote = [h for h, _ in hosts if not is_local(h)]
     if not remote:
         return "127.0.0.1"
