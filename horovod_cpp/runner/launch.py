@@ -25,9 +25,10 @@ EXIT_UNREACHABLE = 3
 def _parser():
     p = argparse.ArgumentParser(
         prog="hvdrun", allow_abbrev=False,
-        description="Run a horovod_cpp training command on several ranks with mpirun. Output "
-                    "lines are prefixed with [rank]<stdout>: or [rank]<stderr>:, and hvdrun "
-                    "exits with the job's exit code.",
+        description="Run a horovod_cpp training command on several ranks with mpirun (or, "
+                    "with --gloo or the elastic options, with hvdrun's own launcher). Output "
+                    "lines are prefixed with [rank]<stdout>: or [rank]<stderr>: ([host:slot] "
+                    "in elastic jobs), and hvdrun exits with the job's exit code.",
         epilog="Without -H/--hostfile the ranks run on this machine (more ranks than cores "
                "oversubscribe automatically). Options after the command belong to the command.")
     p.add_argument("-np", "--num-proc", dest="np", type=int, metavar="N",

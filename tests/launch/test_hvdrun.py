@@ -284,3 +284,5 @@ def test_version_and_check_build():
         assert line in out.splitlines(), out
     nccl = _core.nccl_built()
     assert ("    [X] NCCL " in out) == (nccl != 0), out
+    gloo = "    [%s] Gloo" % ("X" if _core.gloo_built() else " ")
+    assert out.splitlines().count(gloo) == 2, out  # a controller and a tensor operation
