@@ -33,7 +33,7 @@ TEST(BackendFactory, MakesTheMpiHostBackendAndTheDeviceBackendThisBuildHas) {
 TEST(BackendFactory, AnUnknownHostBackendIsAClearError) {
   Result<ops::Backends> b = ops::CreateBackends(ops::BackendOptions{"carrier-pigeon"});
   ASSERT_FALSE(b.ok());
-  EXPECT_EQ(b.status().message(), "unknown host backend 'carrier-pigeon' (known: mpi)");
+  EXPECT_EQ(b.status().message(), "unknown host backend 'carrier-pigeon' (known: mpi, gloo)");
 }
 
 // Records what the loop asks of it; only Allreduce is expected.
