@@ -50,7 +50,6 @@ namespace {
 
 constexpr double kDefaultTimeoutSeconds = 30;
 
-
 std::string Env(const char* name, const std::string& fallback = std::string()) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::string(v) : fallback;
@@ -528,7 +527,6 @@ class GlooBackend final : public Backend {
       if (static_cast<int>(r) < topo_.rank) ++topo_.cross_rank;
       ++topo_.cross_size;
     }
-
     return Status::OK();
   }
 
