@@ -1,15 +1,22 @@
-"""Builds horovod_cpp's Python package: horovod_cpp._core and libhorovod_cpp, through CMake.
+"""Builds horovod_cpp's compiled parts, horovod_cpp._core and libhorovod_cpp, through CMake.
 
-    python -m venv --system-site-packages .venv     # with /usr/bin/python3 (Debian's torch)
-    .venv/bin/pip install --no-build-isolation .
+The package's metadata is in pyproject.toml; this file holds only the CMake extension, which
+setuptools' backend (packaging/backend.py) calls. Any venv works without flags:
 
-The extension does not link LibTorch, so upgrading PyTorch never requires a rebuild.
+    pip install .                       # or: pip install horovod_cpp-<version>.tar.gz
+    python -m build                     # sdist and wheel into dist/
+
+CMake options: HVD_CMAKE_ARGS="-DHVD_WITH_GLOO=OFF ..." in the environment, or
+--config-settings=cmake-args="...". The extension does not link LibTorch, so upgrading PyTorch
+never requires a rebuild.
 """
+import hashlib
 import os
+import shlex
 import subprocess
 import sys
 
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -20,10 +27,25 @@ class CMakeExtension(Extension):
         super().__init__(name, sources=[])
 
 
+def _pybind11_cmake_dir():
+    """pybind11's CMake package of the build environment (PyPI's pybind11 in an isolated
+    build, Debian's python3-pybind11 with --no-build-isolation), or None to let CMake look."""
+    try:
+        import pybind11
+        return pybind11.get_cmake_dir()
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+
+
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
         package_dir = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
-        build_dir = os.path.join(ROOT, "build-python", "cmake")
+        pybind11_dir = _pybind11_cmake_dir()
+        # One CMake build directory per Python environment (and pybind11): installing into two
+        # venvs from one checkout (Debian's torch lane and PyPI's) must not make each install
+        # reconfigure and rebuild the other's tree.
+        key = hashlib.sha1(("%s|%s|%s" % (sys.prefix, sys.version, pybind11_dir)).encode())
+        build_dir = os.path.join(ROOT, "build-python", "cmake-" + key.hexdigest()[:10])
         os.makedirs(build_dir, exist_ok=True)
         configure = [
             "cmake", "-S", ROOT, "-B", build_dir,
@@ -34,23 +56,17 @@ class CMakeBuild(build_ext):
             "-DHVD_BUILD_TESTS=OFF",
             "-DHVD_BUILD_EXAMPLES=OFF",
             "-DHVD_WITH_TORCH=OFF",
-        ] + os.environ.get("HVD_CMAKE_ARGS", "").split()
+        ]
+        if pybind11_dir:
+            configure.append("-Dpybind11_DIR=" + pybind11_dir)
+        configure += shlex.split(os.environ.get("HVD_CMAKE_ARGS", ""))
         subprocess.check_call(configure, stdout=subprocess.DEVNULL)
         subprocess.check_call(["cmake", "--build", build_dir, "--target", "_core",
                                "-j", str(os.cpu_count() or 2)])
 
 
 setup(
-    name="horovod_cpp",
-    version="0.1.0",
-    description="Horovod-style distributed training with a C++17 core",
-    packages=find_packages(include=["horovod_cpp", "horovod_cpp.*"]),
     ext_modules=[CMakeExtension("horovod_cpp._core")],
     cmdclass={"build_ext": CMakeBuild},
     options={"build": {"build_base": os.path.join("build-python", "setuptools")}},
-    python_requires=">=3.8",
-    install_requires=["cloudpickle"],
-    extras_require={"spark": ["pyspark>=3.5"]},
-    entry_points={"console_scripts": ["hvdrun = horovod_cpp.runner.launch:main"]},
-    zip_safe=False,
 )

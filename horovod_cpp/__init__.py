@@ -6,7 +6,7 @@ import importlib.machinery as _machinery
 import os as _os
 import sys as _sys
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one version string: pyproject.toml and CMakeLists.txt read it
 
 
 def _has_core(directory):

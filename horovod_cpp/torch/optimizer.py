@@ -1,8 +1,18 @@
 """DistributedOptimizer, as in horovod.torch.optimizer.
 
-Each parameter's gradient is allreduced as soon as it has been accumulated (a hook on the
-parameter's gradient accumulator), so communication overlaps the rest of the backward pass;
-``step()`` waits for the allreduces and then runs the wrapped optimizer's step.
+Each parameter's gradient is allreduced as soon as it has been accumulated, so communication
+overlaps the rest of the backward pass; ``step()`` waits for the allreduces and then runs the
+wrapped optimizer's step.
+
+Gradient readiness comes from ``Tensor.register_post_accumulate_grad_hook`` where PyTorch has
+it (2.1 and later), else from a hook on the parameter's gradient accumulator node (1.13). The
+post-accumulate hook sits on the parameter itself, so it survives whatever rebuilds the
+autograd graph around it, and it costs no more (examples/bench/grad_hooks.py measures both).
+
+Reading ``optimizer.param_groups`` while gradients are still being reduced (as
+``GradScaler.unscale_``/``GradScaler.step`` and ``optimizer.state_dict()`` do) first waits for
+the reductions: a plain ``scaler.step(optimizer)`` then unscales and checks the averaged
+gradients, the same on every rank, and ``step()`` does not reduce them a second time.
 """
 import os
 import warnings
@@ -15,6 +25,9 @@ from horovod_cpp.torch.functions import broadcast_object
 from horovod_cpp.torch.mpi_ops import (Adasum, Average, allreduce_async_, grouped_allreduce_async_,
                                        rank, size, sparse_allreduce_async, synchronize)
 from horovod_cpp.torch.process_sets import global_process_set
+
+# PyTorch 2.1+: a hook on the parameter that runs once its .grad has been accumulated.
+_POST_ACCUMULATE_GRAD_HOOK = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -61,8 +74,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._grad_accs = []
         self._requires_update = set()
         self._sparse_params = set()  # parameters whose gradient has been sparse
-        self._synchronized = False
+        self._synchronized = False  # the user called synchronize() since the last step()
         self._should_synchronize = True
+        self._reduced = False  # every gradient reduced, and no backward pass since
+        self._in_flight = False  # a hook has started a reduction that nobody waited for yet
 
         # groups: an int splits the parameters into that many groups (the split decided on
         # rank 0, so every rank agrees); a list of lists of parameters gives them explicitly.
@@ -100,7 +115,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, *args, **kwargs):
         self._handles = {}
+        self._in_flight = False
         self._synchronized = False
+        self._reduced = False
         self._should_synchronize = True
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
@@ -129,6 +146,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     # accumulate a sparse gradient (nn.Embedding(sparse=True)) into it and
                     # densify it, and sparse optimizers (SparseAdam) would then refuse it.
                     self._requires_update.add(p)
+                    if _POST_ACCUMULATE_GRAD_HOOK:
+                        self._grad_accs.append(
+                            p.register_post_accumulate_grad_hook(self._make_hook(p)))
+                        continue
                     p_tmp = p.expand_as(p)
                     grad_acc = p_tmp.grad_fn.next_functions[0][0]
                     grad_acc.register_hook(self._make_hook(p))
@@ -189,11 +210,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     "before call to step(). Increase backward_passes_per_step to "
                     "accumulate gradients locally.")
             assert not p.grad.requires_grad
+            self._reduced = False
             self._allreduce_delay[p] -= 1
             if self._allreduce_delay[p] > 0:
                 self._handles[p] = (None, None)  # still accumulating locally
                 return
             group = self._p_to_group.get(p)
+            self._in_flight = True
             if group is None:
                 self._handles[p] = self._allreduce_grad_async(p)
                 return
@@ -211,8 +234,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self):
         """Waits for every gradient's allreduce (submitting those whose hook did not fire, so
         that every rank submits the same set) and writes the results into ``p.grad``."""
+        self._synchronized = True
+        self._reduce_all()
+
+    @property
+    def param_groups(self):
+        # Whoever reads the parameter groups while gradients are in flight (GradScaler's
+        # unscale_ and inf check, state_dict(), a scheduler) sees them reduced: waiting here
+        # keeps the background thread from writing a gradient that is being read.
+        if self.__dict__.get("_in_flight"):
+            self._reduce_all()
+        return self.__dict__["_hvd_param_groups"]
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self.__dict__["_hvd_param_groups"] = value
+
+    def _reduce_all(self):
         if not self.process_set.included():
-            self._synchronized = True
+            self._reduced = True
             return
 
         completed = set()
@@ -253,7 +293,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             else:
                 p.grad.set_(self._compression.decompress(output, ctx))
         self._handles.clear()
-        self._synchronized = True
+        self._in_flight = False
+        self._reduced = True
 
     @contextmanager
     def skip_synchronize(self):
@@ -274,8 +315,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "slowdown. You may want to consider using "
                               "optimizer.skip_synchronize() context if you use "
                               "optimizer.synchronize() in your code.")
-            self.synchronize()
+                self._reduce_all()
+            elif not self._reduced:
+                # (reduced already when param_groups was read after the backward pass, e.g.
+                # by GradScaler.step's unscale_)
+                self._reduce_all()
         self._synchronized = False
+        self._reduced = False
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, *args, **kwargs):
