@@ -27,24 +27,26 @@ class CMakeExtension(Extension):
         super().__init__(name, sources=[])
 
 
-def _pybind11_cmake_dir():
-    """pybind11's CMake package of the build environment (PyPI's pybind11 in an isolated
-    build, Debian's python3-pybind11 with --no-build-isolation), or None to let CMake look."""
+def _pybind11():
+    """(CMake package directory, version) of the build environment's pybind11 (PyPI's in an
+    isolated build, Debian's python3-pybind11 with --no-build-isolation), or (None, None) to
+    let CMake look."""
     try:
         import pybind11
-        return pybind11.get_cmake_dir()
+        return pybind11.get_cmake_dir(), pybind11.__version__
     except (ImportError, AttributeError, RuntimeError):
-        return None
+        return None, None
 
 
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
         package_dir = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
-        pybind11_dir = _pybind11_cmake_dir()
-        # One CMake build directory per Python environment (and pybind11): installing into two
-        # venvs from one checkout (Debian's torch lane and PyPI's) must not make each install
-        # reconfigure and rebuild the other's tree.
-        key = hashlib.sha1(("%s|%s|%s" % (sys.prefix, sys.version, pybind11_dir)).encode())
+        pybind11_dir, pybind11_version = _pybind11()
+        # One CMake build directory per Python environment and pybind11 version: installing
+        # into two venvs from one checkout (Debian's torch lane and PyPI's) must not make each
+        # install reconfigure and rebuild the other's tree. (Not per pybind11 path: an isolated
+        # build gets a new temporary one every time.)
+        key = hashlib.sha1(("%s|%s|%s" % (sys.prefix, sys.version, pybind11_version)).encode())
         build_dir = os.path.join(ROOT, "build-python", "cmake-" + key.hexdigest()[:10])
         os.makedirs(build_dir, exist_ok=True)
         configure = [

@@ -9,13 +9,16 @@ source scripts/mpi_env.sh
 start=$SECONDS
 
 # 1. The Python package, installed into .venv the way users install it, and pyspark for the
-#    HorovodRunner tests (a real local SparkSession).
+#    HorovodRunner tests (a real local SparkSession). Then the PyPI lane: .venv-pypi, a venv
+#    without Debian's packages, with the newest torch and pyspark from PyPI (pinned in
+#    scripts/pypi-lane.txt; downloaded once, ~3 GB) and horovod_cpp by a plain `pip install .`.
 scripts/setup_venv.sh --spark
+scripts/setup_venv.sh --pypi
 
 # 2. The default build (NCCL backend on when CUDA and NCCL are found): every test, the Python
-#    ones included.
+#    ones included, on both lanes (Debian's torch 1.13: python_*; PyPI's: pypi_python_*).
 scripts/build.sh build -DHVD_WERROR=ON -DPython3_EXECUTABLE=/usr/bin/python3 \
-  -DHVD_TEST_PYTHON="$PWD/.venv/bin/python"
+  -DHVD_TEST_PYTHON="$PWD/.venv/bin/python" -DHVD_TEST_PYTHON_PYPI="$PWD/.venv-pypi/bin/python"
 (cd build && ctest --output-on-failure -j 2 --timeout 600)
 
 # 3-5 compile in the background, at the lowest CPU priority, while 2b runs: the cross-host
@@ -29,6 +32,7 @@ scripts/build.sh build -DHVD_WERROR=ON -DPython3_EXECUTABLE=/usr/bin/python3 \
 #  5. The thread-safety annotations (HVD_GUARDED_BY, HVD_REQUIRES on hvd::Mutex, base/mutex.h)
 #     checked by clang -Wthread-safety -Werror over the core and the unit tests: a guarded field
 #     touched without its mutex fails here.
+#  7. The LibTorch C++ API, the C++ example and its tests against PyPI's libtorch.
 # (scripts/build_checks.sh). setsid: its own process group, stopped whole if test.sh fails.
 setsid nice -n 19 scripts/build_checks.sh > build-background.log 2>&1 &
 builds=$!
@@ -59,5 +63,10 @@ build-tsa/tests/unit_tests --gtest_brief=1
 # 6. Fuzzing: the wire-format and configuration parsers, 60 s each (both at once), under
 #    ASan + UBSan. A longer hunt: scripts/fuzz.sh 3600.
 scripts/fuzz.sh 60
+
+# 7. LibTorch from PyPI's torch wheel: the C++ torch tests at np 2 and 3, and the main job
+#    (examples/train.cpp on 2 ranks, its accuracy bar).
+(cd build-pypi-torch && ctest --output-on-failure --timeout 300 \
+  -R '^(mpi_torch_tests_np[23]|example_train_cpp)$')
 
 echo "test.sh: all tests passed in $((SECONDS - start)) s" >&2

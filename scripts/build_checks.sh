@@ -7,6 +7,9 @@
 #               ThreadSanitizer
 #   build-tsa   the core and unit tests with clang -Wthread-safety -Werror
 #   build-fuzz  the libFuzzer targets of scripts/fuzz.sh
+#   build-pypi-torch  the LibTorch C++ API, examples/train.cpp and the C++ torch tests against
+#               the LibTorch of PyPI's torch (the PyPI lane's venv, scripts/setup_venv.sh --pypi):
+#               CMAKE_PREFIX_PATH from torch.utils.cmake_prefix_path
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh build-cpu -DHVD_SANITIZE=address,undefined -DHVD_WITH_NCCL=OFF \
@@ -24,3 +27,9 @@ cmake --build build-tsa -j "$(nproc)" --target unit_tests
 cmake -S fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   > build-fuzz.configure.log 2>&1 || { cat build-fuzz.configure.log; exit 1; }
 cmake --build build-fuzz -j "$(nproc)"
+# LibTorch from PyPI's wheel (only the targets that use it; NCCL off: no GPU to run it here).
+torch_cmake=$(.venv-pypi/bin/python -c "import torch.utils; print(torch.utils.cmake_prefix_path)")
+cmake -S . -B build-pypi-torch -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$torch_cmake" \
+  -DHVD_WITH_TORCH=ON -DHVD_WITH_NCCL=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_WERROR=ON \
+  > build-pypi-torch.configure.log 2>&1 || { cat build-pypi-torch.configure.log; exit 1; }
+cmake --build build-pypi-torch -j "$(nproc)" --target train mpi_torch_tests

@@ -1,23 +1,53 @@
 #!/usr/bin/env bash
-# Creates .venv from Debian's /usr/bin/python3 with --system-site-packages (so Debian's torch,
-# numpy, pytest, mpi4py and cloudpickle are visible) and installs horovod_cpp into it
-# (pip install --no-build-isolation .: nothing is downloaded; CMake rebuilds only what changed,
-# in build-python/).
-#   setup_venv.sh           horovod_cpp only
+# The Python environments the tests and benchmarks use, each with horovod_cpp installed.
+#   setup_venv.sh           .venv: Debian's /usr/bin/python3 with --system-site-packages (Debian's
+#                           torch 1.13, numpy, pytest, mpi4py, cloudpickle), horovod_cpp by
+#                           pip install --no-index --no-build-isolation . (nothing is downloaded)
 #   setup_venv.sh --spark   also pyspark from PyPI (HorovodRunner), unless already there
+#   setup_venv.sh --pypi    .venv-pypi: the PyPI lane, a venv WITHOUT system site packages with
+#                           the packages pinned in scripts/pypi-lane.txt (the newest torch, its
+#                           CUDA wheel ~3 GB, pyspark, ...; installed once, reused while the pins
+#                           are unchanged), horovod_cpp by a plain `pip install .` (PEP 517 build
+#                           isolation, as a user installs it)
+# CMake rebuilds only what changed (build-python/, one tree per environment).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYSPARK_VERSION=4.0.5   # tested with Java 17; any pyspark >= 3.5 works with horovod_cpp.spark
+PYSPARK_VERSION=4.0.5   # Debian lane; tested with Java 17; any pyspark >= 3.5 works
+pip=(--quiet --disable-pip-version-check)
+
+check_import() {  # from outside the checkout, so the installed package is the one imported
+  (cd / && "$OLDPWD/$1" -c "import horovod_cpp.torch") ||
+    { echo "setup_venv: horovod_cpp.torch does not import in $1" >&2; exit 1; }
+}
+
+if [[ "${1:-}" == "--pypi" ]]; then
+  venv=.venv-pypi
+  [[ -x $venv/bin/python ]] || /usr/bin/python3 -m venv "$venv"
+  if ! cmp -s scripts/pypi-lane.txt "$venv/pypi-lane.txt"; then
+    echo "setup_venv: installing scripts/pypi-lane.txt into $venv from PyPI (torch's CUDA wheel" \
+         "and its NVIDIA libraries: ~3 GB, a few minutes, once)" >&2
+    "$venv/bin/python" -m pip install "${pip[@]}" --upgrade pip
+    "$venv/bin/python" -m pip install "${pip[@]}" -r scripts/pypi-lane.txt || {
+      echo "setup_venv: could not install the PyPI lane's packages (network, proxy or certificates?)" >&2
+      exit 1
+    }
+    cp scripts/pypi-lane.txt "$venv/pypi-lane.txt"
+  fi
+  "$venv/bin/python" -m pip install "${pip[@]}" .
+  check_import "$venv/bin/python"
+  exit 0
+fi
+
 if [[ ! -x .venv/bin/python ]]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
 py=.venv/bin/python
-"$py" -m pip install --quiet --disable-pip-version-check --no-index --no-build-isolation .
-(cd / && "$OLDPWD/$py" -c "import horovod_cpp.torch") || { echo "setup_venv: horovod_cpp.torch does not import" >&2; exit 1; }
+"$py" -m pip install "${pip[@]}" --no-index --no-build-isolation .
+check_import "$py"
 if [[ "${1:-}" == "--spark" ]]; then
   if ! "$py" -c "import pyspark, sys; sys.exit(pyspark.__version__ != '$PYSPARK_VERSION')" 2>/dev/null; then
     echo "setup_venv: installing pyspark==$PYSPARK_VERSION from PyPI (~430 MB)" >&2
-    "$py" -m pip install --quiet --disable-pip-version-check "pyspark==$PYSPARK_VERSION" || {
+    "$py" -m pip install "${pip[@]}" "pyspark==$PYSPARK_VERSION" || {
       echo "setup_venv: could not install pyspark from PyPI (network, proxy or certificates?)" >&2
       exit 1
     }

@@ -8,9 +8,11 @@
 // as ResultBuffer objects exposing the runtime's memory through the buffer protocol, so
 // torch.frombuffer wraps them without a copy.
 //
-// Errors: a call rejected at enqueue raises ValueError (bad argument, duplicate name in
-// flight, not initialized); everything that fails after negotiation, and shutdowns, raise
-// HorovodInternalError (a RuntimeError), as horovod.torch does. Waiting releases the GIL.
+// Errors: a call rejected at enqueue raises ValueError for a bad argument, and
+// HorovodPreconditionError, both a ValueError and a RuntimeError, for a call the runtime's state
+// refuses (not initialized, a duplicate name in flight, dynamic process sets off), where
+// horovod.torch raises a RuntimeError; everything that fails after negotiation, and shutdowns,
+// raise HorovodInternalError (a RuntimeError), as horovod.torch does. Waiting releases the GIL.
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -26,14 +28,17 @@ namespace py = pybind11;
 
 namespace {
 
-// Set at module import; an exception type derived from RuntimeError.
+// Set at module import: an exception type derived from RuntimeError, and one derived from
+// both ValueError and RuntimeError.
 PyObject* g_internal_error = nullptr;
+PyObject* g_precondition_error = nullptr;
 
 [[noreturn]] void Raise(const hvd::Status& s, bool at_enqueue) {
   PyObject* type = g_internal_error;
-  if (s.code() == hvd::StatusCode::kInvalidArgument ||
-      (at_enqueue && s.code() == hvd::StatusCode::kFailedPrecondition)) {
+  if (s.code() == hvd::StatusCode::kInvalidArgument) {
     type = PyExc_ValueError;
+  } else if (at_enqueue && s.code() == hvd::StatusCode::kFailedPrecondition) {
+    type = g_precondition_error;
   }
   std::string text = s.message();
   // The core speaks C++ ("call hvd::Init() first"); Python users call hvd.init().
@@ -123,6 +128,17 @@ PYBIND11_MODULE(_core, m) {
   static py::exception<std::runtime_error> internal_error(m, "HorovodInternalError",
                                                           PyExc_RuntimeError);
   g_internal_error = internal_error.ptr();
+  // Both bases: code written for horovod_cpp catches ValueError, code written for Horovod
+  // catches RuntimeError.
+  py::tuple precondition_bases = py::make_tuple(py::handle(PyExc_ValueError),
+                                                py::handle(PyExc_RuntimeError));
+  g_precondition_error = PyErr_NewExceptionWithDoc(
+      "horovod_cpp._core.HorovodPreconditionError",
+      "A call the runtime's state refuses (not initialized, a duplicate name in flight): a "
+      "ValueError, and a RuntimeError as in horovod.torch.",
+      precondition_bases.ptr(), nullptr);
+  if (g_precondition_error == nullptr) throw py::error_already_set();
+  m.attr("HorovodPreconditionError") = py::handle(g_precondition_error);
 
   py::class_<ResultBuffer>(m, "ResultBuffer", py::buffer_protocol())
       .def_buffer([](ResultBuffer& b) {

@@ -12,7 +12,9 @@ Run with ``mpirun -np N python train.py``.
 from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.functions import (allgather_object, broadcast_object,
                                          broadcast_optimizer_state, broadcast_parameters)
-from horovod_cpp.torch.mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, Product,
+from horovod_cpp.torch.mpi_ops import (Adasum, Average, HorovodInternalError,
+                                       HorovodNotSupportedError, HorovodPreconditionError, Max,
+                                       Min, Product,
                                        Sum, allgather, allgather_async, allreduce, allreduce_,
                                        allreduce_async, allreduce_async_, alltoall,
                                        alltoall_async, barrier, broadcast, broadcast_,
@@ -46,7 +48,8 @@ __all__ = [
     "reducescatter", "reducescatter_async", "grouped_reducescatter",
     "grouped_reducescatter_async", "poll", "synchronize", "join", "barrier", "ProcessSet",
     "global_process_set", "add_process_set", "remove_process_set", "start_timeline",
-    "stop_timeline", "HorovodInternalError", "Compression", "broadcast_parameters",
+    "stop_timeline", "HorovodInternalError", "HorovodNotSupportedError",
+    "HorovodPreconditionError", "Compression", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object", "DistributedOptimizer",
     "SyncBatchNorm", "elastic", "HostsUpdatedInterrupt",
 ]

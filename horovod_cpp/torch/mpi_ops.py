@@ -21,6 +21,13 @@ from horovod_cpp.torch.process_sets import ProcessSet, _registered, global_proce
 _core = horovod_cpp._import_core()
 
 HorovodInternalError = _core.HorovodInternalError
+HorovodPreconditionError = _core.HorovodPreconditionError
+
+
+class HorovodNotSupportedError(ValueError, NotImplementedError):
+    """An operation horovod_cpp does not support with these arguments (op=Adasum, a
+    reducescatter with Min/Max/Product). A ValueError, as horovod_cpp's other argument errors,
+    and a NotImplementedError, a RuntimeError, as horovod.torch raises for them."""
 
 Average = _core.AVERAGE
 Sum = _core.SUM
@@ -247,12 +254,19 @@ def handle_average_backwards_compatibility(op, average):
     if op is not None:
         if average is not None:
             raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+        check_supported_op(op)
         return op
     if average is not None:
         warnings.warn("Parameter `average` has been replaced with `op` and will be removed in "
                       "v1.0", DeprecationWarning)
         return Average if average else Sum
     return Average
+
+
+def check_supported_op(op):
+    if op == Adasum:
+        raise HorovodNotSupportedError("Adasum is not supported by horovod_cpp; use Average, Sum, "
+                                       "Min, Max or Product")
 
 
 def _tensor_from_output(buffer, code, shape, device=None):
@@ -631,7 +645,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 def _reducescatter_check_op(op):
     if op not in (Average, Sum):
-        raise ValueError("Reducescatter currently only supports AVERAGE and SUM.")
+        raise HorovodNotSupportedError("Reducescatter currently only supports AVERAGE and SUM.")
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,

@@ -22,8 +22,9 @@ import torch
 
 from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.functions import broadcast_object
-from horovod_cpp.torch.mpi_ops import (Adasum, Average, allreduce_async_, grouped_allreduce_async_,
-                                       rank, size, sparse_allreduce_async, synchronize)
+from horovod_cpp.torch.mpi_ops import (Adasum, Average, HorovodNotSupportedError, allreduce_async_,
+                                       grouped_allreduce_async_, rank, size,
+                                       sparse_allreduce_async, synchronize)
 from horovod_cpp.torch.process_sets import global_process_set
 
 # PyTorch 2.1+: a hook on the parameter that runs once its .grad has been accumulated.
@@ -358,7 +359,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
     if op == Adasum and size() > 1:
-        raise ValueError("horovod_cpp does not support op=Adasum; use Average or Sum")
+        raise HorovodNotSupportedError("horovod_cpp does not support op=Adasum; use Average or Sum")
 
     # Dynamically create a new class that inherits from the optimizer that was passed in.
     # The goal is to override the `step()` method with an allreduce implementation.

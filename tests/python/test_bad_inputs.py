@@ -130,3 +130,41 @@ except ValueError as e:
     assert ("re-init ValueError: MPI has already been finalized in this process (by an earlier "
             "hvd.shutdown() or by the application), and MPI cannot be initialized twice"
             in lines), r.stdout
+
+
+# Where horovod.torch 0.28 raises a RuntimeError (or a subclass: NotImplementedError,
+# HorovodInternalError), horovod_cpp raises an error that is that too, and still a ValueError.
+RUNTIME_ERROR_ROWS = [
+    ("reducescatter op=Adasum", lambda: hvd.reducescatter(torch.ones(4), op=hvd.Adasum),
+     hvd.HorovodNotSupportedError, NotImplementedError,
+     "Reducescatter currently only supports AVERAGE and SUM"),
+    ("reducescatter op=Min", lambda: hvd.grouped_reducescatter([torch.ones(4)], op=hvd.Min),
+     hvd.HorovodNotSupportedError, NotImplementedError,
+     "Reducescatter currently only supports AVERAGE and SUM"),
+    ("allreduce op=Adasum", lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum),
+     hvd.HorovodNotSupportedError, NotImplementedError, "Adasum is not supported"),
+    ("grouped allreduce op=Adasum",
+     lambda: hvd.grouped_allreduce_async([torch.ones(2)], op=hvd.Adasum),
+     hvd.HorovodNotSupportedError, NotImplementedError, "Adasum is not supported"),
+]
+
+
+@pytest.mark.parametrize("label,call,exc,base,text", RUNTIME_ERROR_ROWS,
+                         ids=[r[0] for r in RUNTIME_ERROR_ROWS])
+def test_errors_horovod_raises_as_runtime_errors_are_runtime_errors_too(label, call, exc, base,
+                                                                        text):
+    with pytest.raises(exc, match=text) as info:
+        call()
+    assert isinstance(info.value, ValueError)
+    assert isinstance(info.value, base) and isinstance(info.value, RuntimeError)
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == hvd.size()
+
+
+def test_a_duplicate_name_in_flight_is_a_runtime_error_too():
+    handle = hvd.allreduce_async(torch.ones(2), name="dup.runtime")
+    try:
+        with pytest.raises(hvd.HorovodPreconditionError, match="already in flight") as info:
+            hvd.allreduce_async(torch.ones(2), name="dup.runtime")
+        assert isinstance(info.value, ValueError) and isinstance(info.value, RuntimeError)
+    finally:
+        hvd.synchronize(handle)
