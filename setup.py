@@ -51,7 +51,8 @@ class CMakeBuild(build_ext):
         os.makedirs(build_dir, exist_ok=True)
         configure = [
             "cmake", "-S", ROOT, "-B", build_dir,
-            "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DHVD_PYTHON_PACKAGE=ON",
             "-DCMAKE_LIBRARY_OUTPUT_DIRECTORY=" + package_dir,
             "-DPython3_EXECUTABLE=" + sys.executable,
             "-DHVD_BUILD_PYTHON=ON",
