@@ -11,7 +11,7 @@ import traceback
 import cloudpickle
 
 from horovod_cpp.runner import proc
-from horovod_cpp.spark import network
+from horovod_cpp.spark import network, sources
 
 _job = None  # (address, key, rank) while running under HorovodRunner
 
@@ -56,7 +56,9 @@ def main():
     import horovod_cpp.spark.rank_main as module
     module._job = (address, key, rank)
     try:
-        fn, kwargs = cloudpickle.loads(network.request(address, key, {"type": "payload"}))
+        fn, kwargs, recorded = cloudpickle.loads(network.request(address, key,
+                                                                 {"type": "payload"}))
+        sources.restore(fn, recorded)  # the user's file names in tracebacks (cloudpickle 3.1+)
         value = fn(**kwargs)
     except SystemExit:
         raise

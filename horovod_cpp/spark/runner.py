@@ -23,7 +23,7 @@ import uuid
 import cloudpickle
 
 from horovod_cpp.runner import mpirun
-from horovod_cpp.spark import network
+from horovod_cpp.spark import network, sources
 
 
 class HorovodRunnerError(RuntimeError):
@@ -388,7 +388,7 @@ def pickle_main(main, kwargs, caller="HorovodRunner.run"):
     if not callable(main):
         raise TypeError("main must be callable, got %r" % (main,))
     try:
-        return cloudpickle.dumps((main, kwargs))
+        return cloudpickle.dumps((main, kwargs, sources.record(main)))
     except Exception as e:  # find the culprit for the message
         what = None
         try:

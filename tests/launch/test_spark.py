@@ -293,3 +293,39 @@ def test_a_task_that_spark_stopped_is_not_named_as_the_lost_host():
         assert "host-b" in job.describe_lost(5.0, alive={"10.0.0.1", "10.0.0.2"})
     finally:
         job.stop()
+
+
+def test_rank_tracebacks_name_the_users_file_though_cloudpickle_strips_it(tmp_path):
+    """cloudpickle 3.1+ sends a by-value function with co_filename "<dynamic-code>" (PyPI's
+    lane has it; Debian's 2.2 keeps the name): the payload carries the file names and lines,
+    and a rank whose host lacks the file still shows them. Simulated in one process, for both."""
+    import functools
+    import linecache
+    import runpy
+    import traceback
+
+    from horovod_cpp.spark import sources
+
+    src = tmp_path / "user_code.py"
+    src.write_text("def helper(x):\n    raise ValueError('bad %d' % x)\n\n\n"
+                   "def main(a):\n    def inner():\n        return helper(a)\n    return inner()\n")
+    module = runpy.run_path(str(src))
+    main = functools.partial(module["main"], 7)
+    recorded = sources.record(main)
+    # What the rank gets: the code's file name stripped, and no such file on its host.
+    payload = cloudpickle.dumps((main, {}, recorded))
+    src.unlink()
+    linecache.clearcache()
+    fn, kwargs, recorded = cloudpickle.loads(payload)
+    for f in (fn.func, fn.func.__globals__["helper"]):
+        f.__code__ = f.__code__.replace(co_filename="<dynamic-code>", co_consts=tuple(
+            c.replace(co_filename="<dynamic-code>") if hasattr(c, "co_filename") else c
+            for c in f.__code__.co_consts))
+    sources.restore(fn, recorded)
+    with pytest.raises(ValueError) as info:
+        fn(**kwargs)
+    text = "".join(traceback.format_exception(info.type, info.value, info.tb))
+    assert 'File "%s", line 7, in inner' % src in text, text
+    assert 'File "%s", line 2, in helper' % src in text, text
+    assert "raise ValueError('bad %d' % x)" in text, text
+    assert "<dynamic-code>" not in text
