@@ -11,6 +11,20 @@ def percentile(values, p):
     return values[int(p * (len(values) - 1))]
 
 
+def interleaved_blocks(blocks, block, ours, base):
+    """Block times (ms) of ours and the baseline, each `(model, optimizer)`: `block(model, opt)`
+    times one block; one warm-up block each, then `blocks` measured, alternating which goes
+    first. Returns (ours_ms, base_ms)."""
+    times = ([], [])
+    for b in range(-1, blocks):
+        order = ((ours, times[0]), (base, times[1]))
+        for (model, opt), kept in (order if b % 2 else order[::-1]):
+            ms = block(model, opt)
+            if b >= 0:
+                kept.append(ms)
+    return times
+
+
 def small_cnn():
     """Compute-heavy for its size: 56,714 parameters in 8 tensors, 1x28x28 inputs."""
     return torch.nn.Sequential(

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import horovod_cpp.torch as hvd
-from bench_models import mlp_factory, percentile, small_cnn
+from bench_models import interleaved_blocks, mlp_factory, percentile, small_cnn
 
 
 MODELS = {
@@ -58,13 +58,7 @@ def run(name, args, rank, size):
             step(model, opt, x, y)
         return (time.perf_counter() - start) * 1000.0
 
-    ours, base = [], []
-    for b in range(-1, args.blocks):  # one warm-up block each
-        order = ((ours_model, ours_opt, ours), (ddp, ddp_opt, base))
-        for model, opt, times in (order if b % 2 else order[::-1]):
-            ms = block(model, opt)
-            if b >= 0:
-                times.append(ms)
+    ours, base = interleaved_blocks(args.blocks, block, (ours_model, ours_opt), (ddp, ddp_opt))
 
     # Same start, same averaged gradients, same steps: the parameters must agree.
     worst = max((a - d).abs().max().item()

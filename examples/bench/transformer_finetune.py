@@ -49,7 +49,7 @@ def measure(args):
     import torch
     import torch.distributed as dist
 
-    from bench_models import percentile
+    from bench_models import interleaved_blocks, percentile
     import horovod_cpp.torch as hvd
 
     torch.set_num_threads(1)
@@ -82,13 +82,7 @@ def measure(args):
             opt.step()
         return (time.perf_counter() - start) * 1000.0
 
-    ours, base = [], []
-    for b in range(-1, args.blocks):  # one warm-up block each
-        order = ((ours_model, ours_opt, ours), (ddp, ddp_opt, base))
-        for model, opt, times in (order if b % 2 else order[::-1]):
-            ms = block(model, opt)
-            if b >= 0:
-                times.append(ms)
+    ours, base = interleaved_blocks(args.blocks, block, (ours_model, ours_opt), (ddp, ddp_opt))
     worst = max((a - d).abs().max().item()
                 for a, d in zip(ours_model.parameters(), ddp_model.parameters()))
     samples = args.steps * args.batch * size

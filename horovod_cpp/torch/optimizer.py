@@ -7,7 +7,7 @@ wrapped optimizer's step.
 Gradient readiness comes from ``Tensor.register_post_accumulate_grad_hook`` where PyTorch has
 it (2.1 and later), else from a hook on the parameter's gradient accumulator node (1.13). The
 post-accumulate hook sits on the parameter itself, so it survives whatever rebuilds the
-autograd graph around it, and it costs no more (examples/bench/grad_hooks.py measures both).
+autograd graph around it, at no measurable cost (examples/bench/grad_hooks.py measures both).
 
 Reading ``optimizer.param_groups`` while gradients are still being reduced (as
 ``GradScaler.unscale_``/``GradScaler.step`` and ``optimizer.state_dict()`` do) first waits for
