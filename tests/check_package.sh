@@ -8,9 +8,8 @@ python=$1 src=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # A copy of the tracked files: the build must need nothing that only a working tree has.
-(cd "$src" && git ls-files -z | xargs -0 cp --parents -t "$work" 2>/dev/null) ||
-  cp -r "$src"/. "$work"
-mkdir "$work/src" && (cd "$work" && find . -mindepth 1 -maxdepth 1 ! -name src -exec mv {} src/ \;)
+mkdir "$work/src"
+(cd "$src" && git ls-files -z | xargs -0 cp --parents -t "$work/src")
 "$python" -m build --outdir "$work/dist" "$work/src" > "$work/build.log" 2>&1 ||
   { tail -40 "$work/build.log"; echo "check_package: python -m build failed" >&2; exit 1; }
 sdist=$(ls "$work"/dist/horovod_cpp-*.tar.gz) wheel=$(ls "$work"/dist/horovod_cpp-*.whl)
