@@ -1,0 +1,547 @@
+"""ShardedOptimizer: optimizer state (stage 1) and gradients too (stage 2) split over the ranks.
+
+    optimizer = hvd.ShardedOptimizer(model.named_parameters(), torch.optim.AdamW, stage=2,
+                                     lr=1e-3)
+
+The constructor follows torch's ``ZeroRedundancyOptimizer(params, optimizer_class, **defaults)``
+(the wrapped optimizer is built here, for this rank's shard only); everything else keeps
+Horovod's names (``process_set``, ``backward_passes_per_step``, ``op``).
+
+Layout. The parameters that require a gradient are packed, per parameter group, dtype and
+device, in reverse registration order (the order backward produces their gradients), into flat
+buckets of at most ``bucket_cap_mb``; each parameter's ``.data`` becomes a view of its bucket.
+Rank ``r`` of ``N`` owns one contiguous slice of every bucket, split as reducescatter splits
+dim 0 (``L // N`` elements each, the first ``L % N`` ranks one more). The wrapped optimizer
+holds one parameter per bucket: a view of this rank's slice, so its state covers that slice
+alone.
+
+Stage 1: each bucket's gradient is allreduced (in place, overlapped with backward, once every
+parameter of the bucket has its gradient); the full averaged gradient stays in ``p.grad``.
+Stage 2: each bucket's gradient is reduce-scattered as soon as it is complete, and the
+parameters' ``.grad`` is dropped as soon as it has been copied into the bucket: a rank keeps
+the averaged gradient of its slice only. With ``backward_passes_per_step`` > 1, stage 1
+accumulates locally and reduces once; stage 2 reduce-scatters every pass and accumulates the
+slice (the full gradient is never held across passes).
+
+``step()`` waits for the reductions, steps the slice, and allgathers every bucket's updated
+slices into the parameters (at most two buckets in flight, to bound the temporary memory).
+
+``optimizer.param_groups`` are the wrapped optimizer's groups: hyperparameters as usual (LR
+schedulers work), ``params`` are this rank's slices, plus, in group 0, one 1-element tensor
+whose gradient is +inf when any rank's slice has a non-finite gradient (0 otherwise): AMP's
+``GradScaler`` reads the gradients through ``param_groups``, so its inf/NaN check sees every
+shard and every rank skips the same steps. It costs one 4-byte allreduce per step.
+"""
+import math
+
+import torch
+
+from horovod_cpp.torch.mpi_ops import (Average, HorovodNotSupportedError, Max, Sum,
+                                       allgather_async, allreduce, allreduce_async_,
+                                       grouped_allgather, reducescatter_async, synchronize)
+from horovod_cpp.torch.optimizer import _POST_ACCUMULATE_GRAD_HOOK
+from horovod_cpp.torch.process_sets import global_process_set
+
+
+def shard_range(length, size, rank):
+    """This rank's [start, end) of a flat bucket of ``length`` elements: reducescatter's split
+    of dim 0 (``length // size`` each, the first ``length % size`` ranks one more)."""
+    base, rem = divmod(length, size)
+    start = rank * base + min(rank, rem)
+    return start, start + base + (1 if rank < rem else 0)
+
+
+class _Bucket(object):
+    """Parameters of one group, dtype and device, flattened into one buffer."""
+
+    def __init__(self, index, group, params):
+        self.index = index
+        self.group = group
+        self.params = params
+        self.offsets = []
+        offset = 0
+        for p in params:
+            self.offsets.append(offset)
+            offset += p.numel()
+        self.length = offset
+        self.dtype = params[0].dtype
+        self.device = params[0].device
+        self.flat = torch.empty(self.length, dtype=self.dtype, device=self.device)
+        with torch.no_grad():
+            for p, off in zip(params, self.offsets):
+                self.flat[off:off + p.numel()].copy_(p.data.reshape(-1))
+                p.data = self.flat[off:off + p.numel()].view_as(p)
+        self.start = self.end = 0
+        self.shard = None
+        self.grad_flat = None  # stage 1: persistent; stage 2: the pass being filled
+        self.arrived = set()   # parameters whose gradient is in grad_flat (this pass / step)
+        self.launched = 0      # reductions started this step
+        self.handles = []
+
+    def set_shard(self, size, rank):
+        self.start, self.end = shard_range(self.length, size, rank)
+        self.shard = torch.nn.Parameter(self.flat[self.start:self.end])
+
+    def view(self, flat, i):
+        p, off = self.params[i], self.offsets[i]
+        return flat[off:off + p.numel()].view_as(p)
+
+
+def _is_element_state(value, shard):
+    """State that has one value per element of the slice (momentum, exp_avg), as opposed to
+    scalars (Adam's step)."""
+    return torch.is_tensor(value) and value.dim() == 1 and value.shape == shard.shape
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    """Shards ``optimizer_class``'s state (``stage=1``) and the gradients too (``stage=2``)
+    over the ranks of ``process_set``.
+
+    ``params``: ``model.named_parameters()``, ``model.parameters()``, or parameter groups
+    (dicts whose ``params`` are either). ``defaults`` go to ``optimizer_class``.
+    """
+
+    def __init__(self, params, optimizer_class, stage=2, process_set=global_process_set,
+                 backward_passes_per_step=1, op=Average, bucket_cap_mb=25, **defaults):
+        if stage not in (1, 2):
+            raise ValueError("stage must be 1 (optimizer state sharded) or 2 (gradients too), "
+                             "got %r" % (stage,))
+        if backward_passes_per_step <= 0:
+            raise ValueError("backward_passes_per_step must be > 0")
+        if op not in (Average, Sum):
+            raise HorovodNotSupportedError("ShardedOptimizer supports op=Average and op=Sum")
+        if not process_set.included():
+            raise ValueError("ShardedOptimizer: this rank is not in %r" % (process_set,))
+        self.stage = stage
+        self.process_set = process_set
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self._bucket_cap = max(1, int(bucket_cap_mb * 1024 * 1024))
+        self._optimizer_class = optimizer_class
+
+        groups, self._names = self._normalize(params)
+        self._groups_params = [g["params"] for g in groups]  # every parameter, as given
+        self._size, self._rank = process_set.size(), process_set.rank()
+        self._buckets = self._make_buckets(groups)
+        self._bucket_of = {}
+        for b in self._buckets:
+            b.set_shard(self._size, self._rank)
+            if stage == 1:
+                b.grad_flat = torch.zeros_like(b.flat)
+            for i, p in enumerate(b.params):
+                self._bucket_of[p] = (b, i)
+
+        # One 1-element tensor whose gradient says whether any rank's slice is non-finite.
+        self._finite_flag = torch.nn.Parameter(torch.zeros(1))
+        inner_groups = []
+        for gi, g in enumerate(groups):
+            hyper = {k: v for k, v in g.items() if k != "params"}
+            shards = [b.shard for b in self._buckets if b.group == gi]
+            if gi == 0:
+                shards.append(self._finite_flag)
+            inner_groups.append(dict(hyper, params=shards))
+        self.optim = optimizer_class(inner_groups, **defaults)
+        self._building = True
+        torch.optim.Optimizer.__init__(self, self.optim.param_groups, self.optim.defaults)
+        self._building = False
+        self.state = self.optim.state  # the slice's state
+
+        self._passes = {p: 0 for b in self._buckets for p in b.params}
+        self._in_flight = False   # reductions started that nobody waited for
+        self._reduced = False     # the slices' gradients are ready for step()
+        self._consolidated = None
+        self._hooks = []
+        for b in self._buckets:
+            for p in b.params:
+                self._hooks.append(self._register_hook(p))
+
+    # ---- construction ---------------------------------------------------------------------
+
+    @staticmethod
+    def _normalize(params):
+        """-> (list of group dicts with a list of tensors, {param: name})."""
+        params = list(params)
+        if not params:
+            raise ValueError("ShardedOptimizer got an empty parameter list")
+        if not isinstance(params[0], dict):
+            params = [{"params": params}]
+        names = {}
+        groups, seen = [], set()
+        for gi, g in enumerate(params):
+            if not isinstance(g, dict):
+                raise ValueError("parameter groups must all be dicts")
+            g = dict(g)
+            plist = g["params"]
+            plist = [plist] if torch.is_tensor(plist) else list(plist)
+            tensors = []
+            for j, item in enumerate(plist):
+                if isinstance(item, tuple):
+                    name, item = item
+                else:
+                    name = "group%d.param%d" % (gi, j)
+                if not isinstance(item, torch.Tensor) or not item.is_leaf:
+                    raise ValueError("ShardedOptimizer can only optimize leaf tensors, got %r"
+                                     % (type(item),))
+                if id(item) in seen:
+                    raise ValueError("parameter %s appears twice" % name)
+                seen.add(id(item))
+                names[item] = name
+                tensors.append(item)
+            g["params"] = tensors
+            groups.append(g)
+        return groups, names
+
+    def _make_buckets(self, groups):
+        buckets = []
+        for gi, g in enumerate(groups):
+            by_kind = {}
+            for p in reversed(g["params"]):
+                if not p.requires_grad:
+                    continue
+                if p.is_sparse:
+                    raise HorovodNotSupportedError("ShardedOptimizer: %s is sparse"
+                                                   % self._names[p])
+                by_kind.setdefault((p.dtype, str(p.device)), []).append(p)
+            for kind in sorted(by_kind, key=lambda k: (str(k[0]), k[1])):
+                current, nbytes = [], 0
+                for p in by_kind[kind]:
+                    size = p.numel() * p.element_size()
+                    if current and nbytes + size > self._bucket_cap:
+                        buckets.append(_Bucket(len(buckets), gi, current))
+                        current, nbytes = [], 0
+                    current.append(p)
+                    nbytes += size
+                if current:
+                    buckets.append(_Bucket(len(buckets), gi, current))
+        return buckets
+
+    def add_param_group(self, param_group):
+        if not self.__dict__.get("_building", True):
+            raise HorovodNotSupportedError("ShardedOptimizer.add_param_group after construction "
+                                           "is not supported: pass every group to the "
+                                           "constructor")
+        super().add_param_group(param_group)
+
+    def _register_hook(self, p):
+        hook = self._make_hook(p)
+        if _POST_ACCUMULATE_GRAD_HOOK:
+            return p.register_post_accumulate_grad_hook(hook)
+        grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
+        grad_acc.register_hook(hook)
+        return grad_acc
+
+    # ---- gradients ------------------------------------------------------------------------
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            self._on_grad(p)
+        return hook
+
+    def _on_grad(self, p):
+        if p.grad is None:
+            return
+        if p.grad.is_sparse:
+            raise HorovodNotSupportedError("ShardedOptimizer: the gradient of %s is sparse"
+                                           % self._names[p])
+        if self._passes[p] >= self.backward_passes_per_step:
+            raise AssertionError(
+                "Gradients were computed more than backward_passes_per_step times "
+                "before call to step(). Increase backward_passes_per_step to "
+                "accumulate gradients locally.")
+        if self._reduced:
+            self._reduced = False  # a backward pass after the last reduction: a new step
+        self._passes[p] += 1
+        b, i = self._bucket_of[p]
+        if self.stage == 1:
+            view = b.view(b.grad_flat, i)
+            if p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+                p.grad = view  # later passes accumulate into the bucket in place
+            if self._passes[p] == self.backward_passes_per_step:
+                b.arrived.add(p)
+                if len(b.arrived) == len(b.params):
+                    self._launch(b)
+            return
+        # Stage 2: into this pass's bucket gradient, then drop the full gradient.
+        if p in b.arrived:  # a second pass before the bucket's other gradients arrived
+            self._launch(b)
+        if b.grad_flat is None:
+            b.grad_flat = torch.empty_like(b.flat)
+        b.view(b.grad_flat, i).copy_(p.grad)
+        p.grad = None
+        b.arrived.add(p)
+        if len(b.arrived) == len(b.params):
+            self._launch(b)
+
+    def _launch(self, b):
+        """Starts the reduction of bucket ``b``'s gradient (zeros where a parameter has none)."""
+        if b.grad_flat is None:
+            b.grad_flat = torch.zeros_like(b.flat)
+        else:
+            for i, p in enumerate(b.params):
+                if p not in b.arrived:
+                    b.view(b.grad_flat, i).zero_()
+        name = "sharded.%d.%d" % (b.index, b.launched)
+        if self.stage == 1:
+            b.handles.append(allreduce_async_(b.grad_flat, name=name, op=self.op,
+                                              process_set=self.process_set))
+        else:
+            b.handles.append(reducescatter_async(b.grad_flat, name=name, op=self.op,
+                                                 process_set=self.process_set))
+            b.grad_flat = None  # the handle keeps it until the reduction is done
+        b.launched += 1
+        b.arrived = set()
+        self._in_flight = True
+
+    def _finish_reductions(self):
+        """Starts what the hooks did not (so every rank starts the same reductions), waits,
+        and sets each slice's gradient; then the non-finite flag."""
+        if self._reduced:
+            return
+        want = 1 if self.stage == 1 else self.backward_passes_per_step
+        for b in self._buckets:
+            if b.arrived or b.launched == 0:
+                self._launch(b)
+            while b.launched < want:
+                self._launch(b)
+        nonfinite = False
+        for b in self._buckets:
+            if self.stage == 1:
+                for h in b.handles:
+                    synchronize(h)
+                b.shard.grad = b.grad_flat[b.start:b.end]
+            else:
+                grad = None
+                for h in b.handles:
+                    out = synchronize(h)
+                    grad = out if grad is None else grad.add_(out)
+                b.shard.grad = grad
+            b.handles = []
+            b.launched = 0
+            if b.shard.grad.numel() and not bool(torch.isfinite(b.shard.grad).all()):
+                nonfinite = True
+        for p in self._passes:
+            self._passes[p] = 0
+        flag = allreduce(torch.tensor([1.0 if nonfinite else 0.0]), op=Max,
+                         name="sharded.nonfinite", process_set=self.process_set)
+        self._finite_flag.grad = torch.full((1,), math.inf) if flag.item() > 0 \
+            else torch.zeros(1)
+        self._in_flight = False
+        self._reduced = True
+
+    def synchronize(self):
+        """Waits for the gradient reductions (as DistributedOptimizer.synchronize)."""
+        self._finish_reductions()
+
+    @property
+    def param_groups(self):
+        # GradScaler (unscale_, the inf check), clipping and schedulers read the groups after
+        # backward: they see the reduced slices.
+        if self.__dict__.get("_in_flight"):
+            self._finish_reductions()
+        return self.__dict__["_hvd_param_groups"]
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self.__dict__["_hvd_param_groups"] = value
+
+    def zero_grad(self, set_to_none=True):
+        if self._in_flight:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() "
+                                 "but before optimizer.step() or optimizer.synchronize(). "
+                                 "This is prohibited as it can cause a race condition.")
+        for b in self._buckets:
+            for p in b.params:
+                if p.grad is not None:
+                    if set_to_none:
+                        p.grad = None
+                    else:
+                        p.grad.zero_()
+            b.shard.grad = None
+            b.arrived = set()
+        self._finite_flag.grad = None
+        for p in self._passes:
+            self._passes[p] = 0
+        self._reduced = False
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """Clips the gradients of every shard by their global norm (the norm of the whole,
+        unsharded gradient), as torch.nn.utils.clip_grad_norm_ would; returns that norm."""
+        self._finish_reductions()
+        norm_type = float(norm_type)
+        grads = [b.shard.grad for b in self._buckets if b.shard.grad is not None]
+        if norm_type == math.inf:
+            local = max([float(g.abs().max()) for g in grads if g.numel()] or [0.0])
+            total = allreduce(torch.tensor([local], dtype=torch.float64), op=Max,
+                              name="sharded.clip", process_set=self.process_set)[0]
+        else:
+            local = sum(float(torch.linalg.vector_norm(g.double(), norm_type)) ** norm_type
+                        for g in grads if g.numel())
+            total = allreduce(torch.tensor([local], dtype=torch.float64), op=Sum,
+                              name="sharded.clip", process_set=self.process_set)[0]
+            total = total ** (1.0 / norm_type)
+        coef = float(max_norm) / (float(total) + 1e-6)
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
+        dtypes = {g.dtype for g in grads}
+        return total.to(dtypes.pop() if len(dtypes) == 1 else torch.float32)
+
+    # ---- step -----------------------------------------------------------------------------
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._finish_reductions()
+        self._finite_flag.grad = None
+        self.optim.step()
+        self._reduced = False
+        self._gather_parameters()
+        return loss
+
+    def _gather_parameters(self, window=2):
+        """Allgathers every bucket's updated slices into the parameters."""
+        pending = []
+        with torch.no_grad():
+            for b in self._buckets:
+                pending.append((b, allgather_async(b.shard.detach(),
+                                                   name="sharded.gather.%d" % b.index,
+                                                   process_set=self.process_set)))
+                if len(pending) >= window:
+                    done, h = pending.pop(0)
+                    done.flat.copy_(synchronize(h))
+            for done, h in pending:
+                done.flat.copy_(synchronize(h))
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    def _hyperparameters(self):
+        return [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+
+    def _slice_state(self, b):
+        """{key: value} of bucket b's slice: element state as 1-D tensors, scalars as they are."""
+        return self.optim.state.get(b.shard, {})
+
+    def _gather_bucket_state(self, b):
+        """{key: (per-element?, value)} of bucket b: per-element state as the full flat tensor
+        gathered from every rank's slice, scalars (Adam's step) as they are."""
+        st = self._slice_state(b)
+        keys = sorted(k for k, v in st.items() if _is_element_state(v, b.shard))
+        full = {k: (False, v) for k, v in st.items() if k not in keys}
+        if keys:
+            gathered = grouped_allgather([st[k].detach() for k in keys],
+                                         name="sharded.state.%d" % b.index,
+                                         process_set=self.process_set)
+            full.update((k, (True, v)) for k, v in zip(keys, gathered))
+        return full
+
+    def _param_index(self):
+        """{parameter: its index in the unsharded optimizer's state_dict}."""
+        index = {}
+        for params in self._groups_params:
+            for p in params:
+                index[p] = len(index)
+        return index
+
+    def _full_state(self, bucket_states):
+        """The unsharded optimizer's state_dict from {bucket index: gathered state}."""
+        index = self._param_index()
+        state = {}
+        for b in self._buckets:
+            full = bucket_states[b.index]
+            if not full:
+                continue
+            for i, p in enumerate(b.params):
+                state[index[p]] = {
+                    k: b.view(v, i).clone() if elem else (v.clone() if torch.is_tensor(v) else v)
+                    for k, (elem, v) in full.items()}
+        groups = [dict(hyper, params=[index[p] for p in params])
+                  for hyper, params in zip(self._hyperparameters(), self._groups_params)]
+        return {"state": state, "param_groups": groups}
+
+    def consolidate_state_dict(self, to=0):
+        """Gathers the full optimizer state (as the unsharded optimizer would hold it) on rank
+        ``to`` of the process set (every rank with ``to=None``); every rank must call it.
+        ``state_dict()`` then returns it there."""
+        self._consolidated = None
+        states = {b.index: self._gather_bucket_state(b) for b in self._buckets}
+        if to is None or self._rank == to:
+            self._consolidated = self._full_state(states)
+
+    def state_dict(self):
+        """The full state gathered by the last ``consolidate_state_dict()`` (on its rank)."""
+        if self._consolidated is None:
+            raise RuntimeError("ShardedOptimizer.state_dict(): the state is sharded; every rank "
+                               "must call optimizer.consolidate_state_dict(to=...) first, and "
+                               "state_dict() then returns it on that rank (this one has none)")
+        return self._consolidated
+
+    def _slice_from_full(self, b, entries):
+        """This rank's slice state of bucket b from the unsharded per-parameter entries."""
+        present = [(i, e) for i, e in enumerate(entries) if e]
+        if not present:
+            return None
+        i0, e0 = present[0]
+        out = {}
+        for k, v in e0.items():
+            if k != "step" and torch.is_tensor(v) and v.shape == b.params[i0].shape:
+                flat = torch.zeros(b.length, dtype=v.dtype, device=b.device)
+                for i, e in present:
+                    if k in e:
+                        b.view(flat, i).copy_(e[k])
+                out[k] = flat[b.start:b.end].clone()
+            else:
+                out[k] = v.clone() if torch.is_tensor(v) else v
+        return out
+
+    def load_state_dict(self, state_dict):
+        """Loads a full (unsharded) optimizer state, saved at any world size (by
+        ``consolidate_state_dict``/``state_dict`` or by the unsharded optimizer); this rank
+        keeps its slice."""
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self._groups_params) or any(
+                len(g["params"]) != len(ps) for g, ps in zip(groups, self._groups_params)):
+            raise ValueError("loaded state dict has a different number of parameter groups "
+                             "or parameters than this optimizer")
+        saved = state_dict["state"]
+        inner = self.optim.state_dict()
+        order = {p: k for k, p in enumerate(
+            p for g in self.optim.param_groups for p in g["params"])}
+        new_state = {}
+        for b in self._buckets:
+            pos = {p: j for j, p in enumerate(self._groups_params[b.group])}
+            ids = [groups[b.group]["params"][pos[p]] for p in b.params]
+            st = self._slice_from_full(b, [saved.get(i) for i in ids])
+            if st is not None:
+                new_state[order[b.shard]] = st
+        for ig, g in zip(inner["param_groups"], groups):
+            ig.update({k: v for k, v in g.items() if k != "params"})
+        inner["state"] = new_state
+        self.optim.load_state_dict(inner)
+        self.param_groups = self.optim.param_groups  # load_state_dict made new group dicts
+        self.state = self.optim.state
+        self.zero_grad()
+        self._consolidated = None
+
+    # ---- accounting -----------------------------------------------------------------------
+
+    def held_bytes(self):
+        """{'parameters', 'gradients', 'optimizer_state'}: bytes this rank holds, counted from
+        the tensors (parameters in full; gradients and state of its slice)."""
+        params = sum(b.flat.numel() * b.flat.element_size() for b in self._buckets)
+        grads = 0
+        for b in self._buckets:
+            if self.stage == 1:
+                grads += b.grad_flat.numel() * b.grad_flat.element_size()
+            elif b.shard.grad is not None:
+                grads += b.shard.grad.numel() * b.shard.grad.element_size()
+            grads += sum(p.grad.numel() * p.grad.element_size() for p in b.params
+                         if p.grad is not None and self.stage == 2)
+        state = 0
+        for v in self.optim.state.values():
+            for t in v.values():
+                if torch.is_tensor(t):
+                    state += t.numel() * t.element_size()
+        return {"parameters": params, "gradients": grads, "optimizer_state": state}
