@@ -32,12 +32,17 @@ whose gradient is +inf when any rank's slice has a non-finite gradient (0 otherw
 ``GradScaler`` reads the gradients through ``param_groups``, so its inf/NaN check sees every
 shard and every rank skips the same steps. It costs one 4-byte allreduce per step.
 """
+import copy
 import math
+import pickle
+import socket
+import time
 
 import torch
 
+from horovod_cpp.torch.functions import allgather_object
 from horovod_cpp.torch.mpi_ops import (Average, HorovodNotSupportedError, Max, Sum,
-                                       allgather_async, allreduce, allreduce_async_,
+                                       allgather_async, alltoall, allreduce, allreduce_async_,
                                        grouped_allgather, reducescatter_async, synchronize)
 from horovod_cpp.torch.optimizer import _POST_ACCUMULATE_GRAD_HOOK
 from horovod_cpp.torch.process_sets import global_process_set
@@ -118,6 +123,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.op = op
         self._bucket_cap = max(1, int(bucket_cap_mb * 1024 * 1024))
         self._optimizer_class = optimizer_class
+        self._defaults = dict(defaults)
 
         groups, self._names = self._normalize(params)
         self._groups_params = [g["params"] for g in groups]  # every parameter, as given
@@ -133,14 +139,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
         # One 1-element tensor whose gradient says whether any rank's slice is non-finite.
         self._finite_flag = torch.nn.Parameter(torch.zeros(1))
-        inner_groups = []
-        for gi, g in enumerate(groups):
-            hyper = {k: v for k, v in g.items() if k != "params"}
-            shards = [b.shard for b in self._buckets if b.group == gi]
-            if gi == 0:
-                shards.append(self._finite_flag)
-            inner_groups.append(dict(hyper, params=shards))
-        self.optim = optimizer_class(inner_groups, **defaults)
+        self._build_inner([{k: v for k, v in g.items() if k != "params"} for g in groups])
         self._building = True
         torch.optim.Optimizer.__init__(self, self.optim.param_groups, self.optim.defaults)
         self._building = False
@@ -150,6 +149,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._in_flight = False   # reductions started that nobody waited for
         self._reduced = False     # the slices' gradients are ready for step()
         self._consolidated = None
+        self._committed = None    # elastic: the last commit (see _elastic_save)
+        self._commit_id = -1
+        self._holders = None      # elastic: (size, {rank: the rank that keeps its replica})
         self._hooks = []
         for b in self._buckets:
             for p in b.params:
@@ -214,6 +216,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 if current:
                     buckets.append(_Bucket(len(buckets), gi, current))
         return buckets
+
+    def _build_inner(self, hypers):
+        """(Re)builds the wrapped optimizer over this rank's slices, one group per given group
+        of hyperparameters (the finite flag in group 0); its state starts empty."""
+        inner_groups = []
+        for gi, hyper in enumerate(hypers):
+            shards = [b.shard for b in self._buckets if b.group == gi]
+            if gi == 0:
+                shards.append(self._finite_flag)
+            inner_groups.append(dict(hyper, params=shards))
+        self.optim = self._optimizer_class(inner_groups, **self._defaults)
 
     def add_param_group(self, param_group):
         if not self.__dict__.get("_building", True):
@@ -506,24 +519,162 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise ValueError("loaded state dict has a different number of parameter groups "
                              "or parameters than this optimizer")
         saved = state_dict["state"]
-        inner = self.optim.state_dict()
-        order = {p: k for k, p in enumerate(
-            p for g in self.optim.param_groups for p in g["params"])}
-        new_state = {}
+        slices = {}
         for b in self._buckets:
             pos = {p: j for j, p in enumerate(self._groups_params[b.group])}
             ids = [groups[b.group]["params"][pos[p]] for p in b.params]
             st = self._slice_from_full(b, [saved.get(i) for i in ids])
             if st is not None:
-                new_state[order[b.shard]] = st
-        for ig, g in zip(inner["param_groups"], groups):
-            ig.update({k: v for k, v in g.items() if k != "params"})
-        inner["state"] = new_state
+                slices[b.index] = st
+        self._install(slices, [{k: v for k, v in g.items() if k != "params"} for g in groups])
+
+    def _install(self, slices, hypers):
+        """Makes {bucket index: slice state} and the groups' hyperparameters the wrapped
+        optimizer's (through its own load_state_dict, which casts the state as it should)."""
+        inner = self.optim.state_dict()
+        order = {p: k for k, p in enumerate(
+            p for g in self.optim.param_groups for p in g["params"])}
+        inner["state"] = {order[b.shard]: slices[b.index] for b in self._buckets
+                          if b.index in slices}
+        for ig, hyper in zip(inner["param_groups"], hypers):
+            ig.update(hyper)
         self.optim.load_state_dict(inner)
         self.param_groups = self.optim.param_groups  # load_state_dict made new group dicts
         self.state = self.optim.state
-        self.zero_grad()
+        self._reset_step()
         self._consolidated = None
+
+    def _reset_step(self):
+        """Forgets every gradient and reduction of the step under way (after a load, or a
+        reset of the job whose collectives are gone)."""
+        self._in_flight = False
+        for b in self._buckets:
+            b.handles = []
+            b.launched = 0
+            if self.stage == 2:
+                b.grad_flat = None
+        self.zero_grad()
+
+    # ---- elastic --------------------------------------------------------------------------
+    #
+    # A commit keeps this rank's slice state and a replica of it on one other rank (on another
+    # host when there is one), so that losing one rank, or one host, loses nothing committed.
+    # After the job re-forms at any size, _elastic_reshard rebuilds every new rank's slice from
+    # whichever survivor holds each old slice. Every method here is collective except
+    # _elastic_save(replicate=False) and _elastic_restore.
+
+    def _elastic_holders(self):
+        """{rank: the rank that keeps its replica}: the next rank, in rank order, on another
+        host; the next rank when every rank is on one host."""
+        if self._holders is None or self._holders[0] != self._size:
+            hosts = allgather_object(socket.gethostname(), name="sharded.hosts",
+                                     process_set=self.process_set)
+            holders = {}
+            for r in range(self._size):
+                ring = [(r + k) % self._size for k in range(1, self._size)]
+                other = [q for q in ring if hosts[q] != hosts[r]]
+                holders[r] = (other or ring or [r])[0]
+            self._holders = (self._size, holders)
+        return self._holders[1]
+
+    def _elastic_save(self, replicate=True):
+        """Saves this rank's slice state as the point to roll back to; with ``replicate``
+        (collective) also sends it to its holder and keeps the slices it holds for others."""
+        own = {b.index: {k: (v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v))
+                         for k, v in self._slice_state(b).items()} for b in self._buckets}
+        record = {"id": self._commit_id, "size": self._size, "rank": self._rank,
+                  "hypers": copy.deepcopy(self._hyperparameters()), "slices": {self._rank: own}}
+        if replicate:
+            self._commit_id += 1
+            record["id"] = self._commit_id
+            if self._size > 1:
+                holder = self._elastic_holders()[self._rank]
+                payload = torch.frombuffer(bytearray(pickle.dumps(own, protocol=4)),
+                                           dtype=torch.uint8)
+                splits = torch.zeros(self._size, dtype=torch.int32)
+                splits[holder] = payload.numel()
+                received, counts = alltoall(payload, splits=splits, name="sharded.replica",
+                                            process_set=self.process_set)
+                offset = 0
+                for src, n in enumerate(counts.tolist()):
+                    if n:
+                        record["slices"][src] = pickle.loads(
+                            received[offset:offset + n].numpy().tobytes())
+                        offset += n
+        self._committed = record
+
+    def _elastic_restore(self):
+        """Rolls this rank's slice back to the last commit (the layout is the commit's: it
+        only changes in _elastic_reshard, which saves right after)."""
+        record = self._committed
+        if record is not None and record["size"] == self._size and \
+                record["rank"] == self._rank:
+            self._install(record["slices"][self._rank], record["hypers"])
+
+    def _elastic_reshard(self, process_set=None):
+        """Collective, on the re-formed job: lays the buckets out over its ranks and gives each
+        rank its new slice of the last commit, taken from the survivors that hold the old
+        slices (the owner or its replica). Returns the seconds it took."""
+        started = time.perf_counter()
+        if process_set is not None:
+            self.process_set = process_set
+        record = self._committed or {"id": -1, "size": self._size, "rank": self._rank,
+                                     "hypers": self._hyperparameters(), "slices": {}}
+        metas = allgather_object((record["id"], record["size"], sorted(record["slices"]),
+                                  record["hypers"]), name="sharded.reshard.meta",
+                                 process_set=self.process_set)
+        best = max(m[0] for m in metas)
+        candidates = [i for i, m in enumerate(metas) if m[0] == best]
+        old_size, hypers = metas[candidates[0]][1], metas[candidates[0]][3]
+        provider = {}
+        for old in range(old_size):
+            holders = [i for i in candidates if old in metas[i][2]]
+            if not holders:
+                raise RuntimeError(
+                    "ShardedOptimizer: the optimizer state of rank %d of the last commit (%d "
+                    "ranks) is lost: neither that rank nor the rank that kept its replica is "
+                    "in the job now (more than one rank, or ranks on more than one host, were "
+                    "lost between two commits). Restart from a checkpoint." % (old, old_size))
+            provider[old] = holders[0]
+
+        self._size, self._rank = self.process_set.size(), self.process_set.rank()
+        self._holders = None
+        for b in self._buckets:
+            b.set_shard(self._size, self._rank)
+            if self.stage == 1:
+                b.grad_flat = torch.zeros_like(b.flat)
+        self._build_inner(hypers)
+        me = self.process_set.rank()
+        slices = {}
+        for b in self._buckets:
+            mine = {old: record["slices"][old][b.index] for old, i in provider.items() if i == me}
+            pieces = {}
+            for part in allgather_object(mine, name="sharded.reshard.%d" % b.index,
+                                         process_set=self.process_set):
+                pieces.update(part)
+            st = self._reslice(b, [pieces[old] for old in range(old_size)], old_size)
+            if st is not None:
+                slices[b.index] = st
+        self._install(slices, hypers)
+        self._commit_id = best
+        return time.perf_counter() - started
+
+    def _reslice(self, b, old_slices, old_size):
+        """This rank's new slice of bucket b from the old ranks' slices (in old rank order)."""
+        present = [s for s in old_slices if s]
+        if not present:
+            return None
+        out = {}
+        for k, v in present[0].items():
+            if k != "step" and torch.is_tensor(v) and v.dim() == 1:
+                whole = []
+                for old, s in enumerate(old_slices):
+                    lo, hi = shard_range(b.length, old_size, old)
+                    whole.append(s[k] if s else torch.zeros(hi - lo, dtype=v.dtype))
+                out[k] = torch.cat(whole)[b.start:b.end].clone()
+            else:
+                out[k] = v.clone() if torch.is_tensor(v) else copy.deepcopy(v)
+        return out
 
     # ---- accounting -----------------------------------------------------------------------
 

@@ -420,3 +420,123 @@ def test_bad_arguments():
     with pytest.raises(hvd.HorovodNotSupportedError, match="sparse"):
         emb(torch.tensor([1, 2])).sum().backward()
     del sopt
+
+
+# ---- elastic: commit keeps a replica of every slice; the state is resharded over any world ----
+
+def full_state(opt):
+    opt.consolidate_state_dict(to=None)
+    return opt.state_dict()
+
+
+def assert_state_identical(got, want):
+    assert got["state"].keys() == want["state"].keys()
+    for i, entry in want["state"].items():
+        assert got["state"][i].keys() == entry.keys()
+        for k, v in entry.items():
+            g = got["state"][i][k]
+            assert torch.equal(g, v) if torch.is_tensor(v) else g == v, (i, k)
+    assert got["param_groups"] == want["param_groups"]
+
+
+def continue_and_check(model, opt, ps, committed_params, first, kind):
+    """Three more steps over the ranks of ps must equal one process that trained on the same
+    full batches: first, then these."""
+    g = torch.Generator().manual_seed(21)
+    n = ps.size()
+    more = [[(torch.randn(n * PER_RANK, FEATURES, generator=g).double(),
+              torch.randint(0, CLASSES, (n * PER_RANK,), generator=g))] for _ in range(3)]
+    train_sharded(kind, opt.stage, more, model=model, opt=opt, process_set=ps)
+    want, _, _ = train_reference(kind, first + more)
+    assert_params_close(model, want)
+
+
+@pytest.mark.parametrize("lost", ["first", "last"])
+@pytest.mark.parametrize("stage", [1, 2])
+def test_a_lost_rank_loses_nothing_committed(stage, lost):
+    """Commit at size ranks, go on two steps (not committed), lose one rank: the others roll
+    back, reshard over size-1 ranks (the lost rank's slice comes from its replica), hold exactly
+    the committed state, and continue as one process on the full batches would."""
+    n = hvd.size()
+    model = make_model()
+    opt = hvd.ShardedOptimizer(model.named_parameters(), torch.optim.Adam, stage=stage,
+                               lr=0.01, bucket_cap_mb=SMALL_BUCKETS_MB)
+    state = hvd.elastic.TorchState(model, opt, epoch=0)
+    state.sync()
+    first = batches(steps=3, micro=1)
+    train_sharded("adam", stage, first, model=model, opt=opt)
+    state.epoch = 1
+    state.commit()
+    committed = full_state(opt)
+    committed_params = [p.detach().clone() for p in model.parameters()]
+    train_sharded("adam", stage, batches(steps=2, micro=1, seed=3), model=model, opt=opt)
+
+    gone = 0 if lost == "first" else n - 1
+    survivors = hvd.add_process_set([r for r in range(n) if r != gone])
+    try:
+        if survivors.included():
+            state.restore()
+            assert state.epoch == 1
+            took = opt._elastic_reshard(process_set=survivors)
+            assert took >= 0
+            assert all(torch.equal(p, q) for p, q in zip(model.parameters(), committed_params))
+            assert_state_identical(full_state(opt), committed)
+            continue_and_check(model, opt, survivors, committed_params, first, "adam")
+    finally:
+        hvd.remove_process_set(survivors)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_a_rank_added_gets_its_slice(stage):
+    """Train and commit on the first size-1 ranks; then every rank (the last one new, with a
+    fresh optimizer) reshards over all of them and continues as one process would."""
+    n = hvd.size()
+    fewer = hvd.add_process_set(list(range(n - 1)))
+    try:
+        model = make_model(seed=7 if fewer.included() else 99)
+        opt = hvd.ShardedOptimizer(model.named_parameters(), torch.optim.AdamW, stage=stage,
+                                   lr=0.01, weight_decay=0.1, bucket_cap_mb=SMALL_BUCKETS_MB,
+                                   process_set=fewer if fewer.included()
+                                   else hvd.global_process_set)
+        first = [[(x[:(n - 1) * PER_RANK], y[:(n - 1) * PER_RANK]) for x, y in step]
+                 for step in batches(steps=3, micro=1)]
+        if fewer.included():
+            opt._elastic_save(replicate=False)
+            opt._elastic_reshard()  # (what sync does first, at the smaller size)
+            train_sharded("adamw", stage, first, model=model, opt=opt, process_set=fewer)
+            opt._elastic_save(replicate=True)  # (commit's part; its host check is global)
+            committed = full_state(opt)
+    finally:
+        hvd.remove_process_set(fewer)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt._elastic_reshard(process_set=hvd.global_process_set)
+    got = full_state(opt)
+    if hvd.rank() == 0:
+        assert_state_identical(got, committed)
+    g = torch.Generator().manual_seed(21)
+    more = [[(torch.randn(n * PER_RANK, FEATURES, generator=g).double(),
+              torch.randint(0, CLASSES, (n * PER_RANK,), generator=g))] for _ in range(3)]
+    train_sharded("adamw", stage, more, model=model, opt=opt)
+    want, _, _ = train_reference("adamw", first + more)
+    assert_params_close(model, want)
+
+
+def test_losing_a_rank_and_its_replica_holder_is_a_clear_error():
+    n = hvd.size()
+    if n < 3:
+        pytest.skip("needs 3 ranks: two lost and one left")
+    model = make_model()
+    opt = hvd.ShardedOptimizer(model.named_parameters(), torch.optim.SGD, lr=0.1, momentum=0.9,
+                               bucket_cap_mb=SMALL_BUCKETS_MB)
+    state = hvd.elastic.TorchState(model, opt)
+    state.sync()
+    train_sharded("sgd", 2, batches(steps=1, micro=1), model=model, opt=opt)
+    state.commit()
+    left = hvd.add_process_set([0] + list(range(3, n)))  # 1 and its replica's holder 2 gone
+    try:
+        if left.included():
+            with pytest.raises(RuntimeError, match="optimizer state of rank 1 of the last "
+                                                   "commit .%d ranks. is lost" % n):
+                opt._elastic_reshard(process_set=left)
+    finally:
+        hvd.remove_process_set(left)

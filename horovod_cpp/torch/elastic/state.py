@@ -80,11 +80,17 @@ class ObjectState(State):
 class TorchState(ObjectState):
     """A model's and an optimizer's state plus any picklable attributes. commit copies the
     model's and the optimizer's state dicts; restore loads them back; sync broadcasts the
-    parameters, the optimizer state and the attributes from rank 0."""
+    parameters, the optimizer state and the attributes from rank 0.
+
+    With a ``hvd.ShardedOptimizer``, commit keeps each rank's slice of the optimizer state and
+    a replica of it on another rank (another host when the job spans hosts), and sync reshards
+    the last commit over the ranks of the re-formed job (``reshard_seconds``: how long it
+    took): losing one rank or one host between two commits loses nothing committed."""
 
     def __init__(self, model=None, optimizer=None, **kwargs):
         self.model = model
         self.optimizer = optimizer
+        self.reshard_seconds = None
         self._saved_model_state = None
         self._saved_optimizer_state = None
         # Objects with state_dict/load_state_dict (an ElasticSampler) travel as their state.
@@ -97,21 +103,30 @@ class TorchState(ObjectState):
         super().__init__(**plain)
         self._save_torch()
 
-    def _save_torch(self):
+    def _sharded(self):
+        return self.optimizer is not None and hasattr(self.optimizer, "_elastic_reshard")
+
+    def _save_torch(self, replicate=False):
+        """``replicate``: collective (commit, sync); a ShardedOptimizer then also keeps a
+        replica of each rank's slice on another rank."""
         self._saved_handled = {k: copy.deepcopy(v.state_dict()) for k, v in self._handled.items()}
         if self.model is not None:
             self._saved_model_state = copy.deepcopy(self.model.state_dict())
-        if self.optimizer is not None:
+        if self._sharded():
+            self.optimizer._elastic_save(replicate=replicate)
+        elif self.optimizer is not None:
             self._saved_optimizer_state = copy.deepcopy(self.optimizer.state_dict())
 
     def save(self):
-        self._save_torch()
+        self._save_torch(replicate=True)
         super().save()
 
     def restore(self):
         if self.model is not None:
             self.model.load_state_dict(self._saved_model_state)
-        if self.optimizer is not None:
+        if self._sharded():
+            self.optimizer._elastic_restore()
+        elif self.optimizer is not None:
             self.optimizer.load_state_dict(self._saved_optimizer_state)
         for k, v in self._handled.items():
             v.load_state_dict(self._saved_handled[k])
@@ -120,9 +135,12 @@ class TorchState(ObjectState):
     def sync(self):
         if self.model is not None:
             broadcast_parameters(self.model.state_dict(), root_rank=0)
-        if self.optimizer is not None:
+        if self._sharded():
+            # Each rank's slice of the last commit, laid out over the ranks there are now.
+            self.reshard_seconds = self.optimizer._elastic_reshard()
+        elif self.optimizer is not None:
             broadcast_optimizer_state(self.optimizer, root_rank=0)
         for k, v in self._handled.items():  # rank 0's, then re-partitioned for the new world
             v.load_state_dict(broadcast_object(v.state_dict(), 0, name="elastic." + k))
         super().sync()
-        self._save_torch()  # what was synced is the point to roll back to
+        self._save_torch(replicate=True)  # what was synced is the point to roll back to
