@@ -11,6 +11,11 @@ it linearly (lr x ranks), set again in a reset callback whenever the world chang
 rolls back to the last commit, and the job goes on with the ranks that remain. Rank 0 logs every
 epoch and every resize; every rank checks after a reset that its parameters are what was
 committed (rank 0's commit) and says so.
+
+With --sharded 1 or 2 the optimizer is hvd.ShardedOptimizer (stage 1 or 2): each rank holds a
+slice of the optimizer state, a commit keeps a replica of every slice on another host, and a
+reset reshards the last commit over the ranks there are; the check after a reset then also
+compares the whole optimizer state (gathered from the slices) with the last commit's.
 """
 import argparse
 import hashlib
@@ -33,6 +38,21 @@ def digest(model):
     return h.hexdigest()[:16]
 
 
+def optimizer_digest(optimizer):
+    """A digest of the whole optimizer state; collective for a ShardedOptimizer (its slices are
+    gathered), the same at any number of ranks."""
+    if isinstance(optimizer, hvd.ShardedOptimizer):
+        optimizer.consolidate_state_dict(to=None)
+    state = optimizer.state_dict()
+    h = hashlib.sha256()
+    for index in sorted(state["state"]):
+        for key, value in sorted(state["state"][index].items()):
+            h.update(("%s.%s" % (index, key)).encode())
+            h.update(value.detach().numpy().tobytes() if torch.is_tensor(value)
+                     else repr(value).encode())
+    return h.hexdigest()[:16]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=20)
@@ -41,6 +61,8 @@ def main():
     parser.add_argument("--commit-every", type=int, default=10, help="steps between commits")
     parser.add_argument("--step-delay", type=float, default=0.0,
                         help="seconds of extra work per step (to give tests time to act)")
+    parser.add_argument("--sharded", type=int, choices=(0, 1, 2), default=0,
+                        help="0: DistributedOptimizer; 1 or 2: ShardedOptimizer of that stage")
     parser.add_argument("--data", default=DEFAULT_DATA)
     args = parser.parse_args()
 
@@ -49,11 +71,30 @@ def main():
     x_train, y_train, x_test, y_test = load_digits(args.data)
     dataset = torch.utils.data.TensorDataset(x_train, y_train)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    if args.sharded:
+        optimizer = hvd.ShardedOptimizer(model.named_parameters(), torch.optim.SGD,
+                                         stage=args.sharded, lr=args.lr * hvd.size(),
+                                         momentum=0.9)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
+        optimizer = hvd.DistributedOptimizer(optimizer,
+                                             named_parameters=model.named_parameters())
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=1)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, steps=0)
-    progress = {"steps": 0, "commit_digest": None, "last_step_time": time.time()}
+    # "committed": the (parameters, optimizer state) digests of this rank's last commit;
+    # "candidates": what the job may roll back to: that commit, or the one under way when a
+    # failure hit (it counts if any rank confirmed it).
+    progress = {"steps": 0, "committed": None, "candidates": [], "last_step_time": time.time()}
+
+    def commit():
+        pending = (digest(model), optimizer_digest(optimizer) if args.sharded else None)
+        progress["candidates"] = [c for c in (progress["committed"], pending) if c]
+        try:
+            state.commit()
+        except hvd.HostsUpdatedInterrupt:  # raised after the commit
+            progress["committed"], progress["candidates"] = pending, [pending]
+            raise
+        progress["committed"], progress["candidates"] = pending, [pending]
 
     def scale_lr():
         # The global batch is batch-size x ranks: the learning rate follows it.
@@ -80,10 +121,19 @@ def main():
         scale_lr()
         now = digest(model)
         digests = hvd.allgather_object(now, name="elastic.digests")
-        if progress["commit_digest"] is not None:
+        opt_now = optimizer_digest(optimizer) if args.sharded else None
+        if args.sharded and hvd.rank() == 0 and state.reshard_seconds is not None and \
+                state.steps > 0:
+            print("resharded the optimizer state over %d ranks in %.3f s"
+                  % (hvd.size(), state.reshard_seconds), flush=True)
+        if progress["candidates"]:
+            # The parameters and the whole optimizer state must be those of one commit.
+            match = [c for c in progress["candidates"] if c == (now, opt_now)]
+            sharded = (", optimizer state %s equal to the last commit %s" % (opt_now, bool(match))
+                       if args.sharded else "")
             print("sync check: rank %d of %d params %s equal on every rank %s, equal to my last "
-                  "commit %s" % (hvd.rank(), hvd.size(), now, len(set(digests)) == 1,
-                                 progress["commit_digest"] == now), flush=True)
+                  "commit %s%s" % (hvd.rank(), hvd.size(), now, len(set(digests)) == 1,
+                                   bool(match), sharded), flush=True)
         elif state.steps > 0:
             print("sync check: rank %d of %d params %s equal on every rank %s, new rank"
                   % (hvd.rank(), hvd.size(), now, len(set(digests)) == 1), flush=True)
@@ -106,8 +156,7 @@ def main():
                 progress["steps"] = state.steps
                 progress["last_step_time"] = time.time()
                 if state.steps % args.commit_every == 0:
-                    progress["commit_digest"] = digest(model)  # what commit() saves
-                    state.commit()
+                    commit()
             model.eval()
             with torch.no_grad():
                 mine = slice(hvd.rank(), None, hvd.size())
@@ -120,8 +169,7 @@ def main():
             state.epoch += 1
             state.batch = 0
             sampler.set_epoch(state.epoch)
-            progress["commit_digest"] = digest(model)
-            state.commit()
+            commit()
         return correct / len(y_test)
 
     accuracy = train(state)

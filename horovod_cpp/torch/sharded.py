@@ -42,8 +42,8 @@ import torch
 
 from horovod_cpp.torch.functions import allgather_object
 from horovod_cpp.torch.mpi_ops import (Average, HorovodNotSupportedError, Max, Sum,
-                                       allgather_async, alltoall, allreduce, allreduce_async_,
-                                       grouped_allgather, reducescatter_async, synchronize)
+                                       allgather_async, allreduce, allreduce_async_,
+                                       alltoall, grouped_allgather, reducescatter_async, synchronize)
 from horovod_cpp.torch.optimizer import _POST_ACCUMULATE_GRAD_HOOK
 from horovod_cpp.torch.process_sets import global_process_set
 
@@ -150,7 +150,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._reduced = False     # the slices' gradients are ready for step()
         self._consolidated = None
         self._committed = None    # elastic: the last commit (see _elastic_save)
+        self._pending = None      # elastic: a commit not yet confirmed by every rank
         self._commit_id = -1
+        self.agreed_commit = None
         self._holders = None      # elastic: (size, {rank: the rank that keeps its replica})
         self._hooks = []
         for b in self._buckets:
@@ -559,9 +561,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
     #
     # A commit keeps this rank's slice state and a replica of it on one other rank (on another
     # host when there is one), so that losing one rank, or one host, loses nothing committed.
-    # After the job re-forms at any size, _elastic_reshard rebuilds every new rank's slice from
-    # whichever survivor holds each old slice. Every method here is collective except
-    # _elastic_save(replicate=False) and _elastic_restore.
+    # A commit is atomic across the ranks: the replicas travel first (the commit is then only
+    # pending), and it becomes the commit once a collective confirms that every rank received
+    # its replicas; a rank that fails between the two still holds it as pending, so the job
+    # agrees on the newest commit that some rank confirmed (every rank holds it, confirmed or
+    # pending), never on a mix. After the job re-forms at any size, _elastic_reshard rebuilds
+    # every new rank's slice from whichever survivor holds each old slice. Collective:
+    # _elastic_save(replicate=True), _elastic_reshard.
 
     def _elastic_holders(self):
         """{rank: the rank that keeps its replica}: the next rank, in rank order, on another
@@ -577,58 +583,78 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._holders = (self._size, holders)
         return self._holders[1]
 
+    @property
+    def commit_id(self):
+        """The number of the last commit this rank holds (-1 before the first)."""
+        return self._commit_id
+
     def _elastic_save(self, replicate=True):
-        """Saves this rank's slice state as the point to roll back to; with ``replicate``
-        (collective) also sends it to its holder and keeps the slices it holds for others."""
+        """Saves this rank's slice state as the point to roll back to. ``replicate``
+        (collective): also sends it to its holder, keeps the slices it holds for others, and
+        makes it the commit once every rank has its replicas."""
         own = {b.index: {k: (v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v))
                          for k, v in self._slice_state(b).items()} for b in self._buckets}
-        record = {"id": self._commit_id, "size": self._size, "rank": self._rank,
-                  "hypers": copy.deepcopy(self._hyperparameters()), "slices": {self._rank: own}}
-        if replicate:
-            self._commit_id += 1
-            record["id"] = self._commit_id
-            if self._size > 1:
-                holder = self._elastic_holders()[self._rank]
-                payload = torch.frombuffer(bytearray(pickle.dumps(own, protocol=4)),
-                                           dtype=torch.uint8)
-                splits = torch.zeros(self._size, dtype=torch.int32)
-                splits[holder] = payload.numel()
-                received, counts = alltoall(payload, splits=splits, name="sharded.replica",
-                                            process_set=self.process_set)
-                offset = 0
-                for src, n in enumerate(counts.tolist()):
-                    if n:
-                        record["slices"][src] = pickle.loads(
-                            received[offset:offset + n].numpy().tobytes())
-                        offset += n
-        self._committed = record
+        record = {"id": self._commit_id + (1 if replicate else 0), "size": self._size,
+                  "rank": self._rank, "hypers": copy.deepcopy(self._hyperparameters()),
+                  "slices": {self._rank: own}}
+        if not replicate:
+            self._committed = record
+            return
+        if self._size > 1:
+            holder = self._elastic_holders()[self._rank]
+            payload = torch.frombuffer(bytearray(pickle.dumps(own, protocol=4)),
+                                       dtype=torch.uint8)
+            splits = torch.zeros(self._size, dtype=torch.int32)
+            splits[holder] = payload.numel()
+            received, counts = alltoall(payload, splits=splits, name="sharded.replica",
+                                        process_set=self.process_set)
+            offset = 0
+            for src, n in enumerate(counts.tolist()):
+                if n:
+                    record["slices"][src] = pickle.loads(
+                        received[offset:offset + n].numpy().tobytes())
+                    offset += n
+        self._pending = record
+        # Completes on a rank only once every rank has submitted it, i.e. has its replicas.
+        allreduce(torch.zeros(1), op=Sum, name="sharded.commit", process_set=self.process_set)
+        self._committed, self._pending = record, None
+        self._commit_id = record["id"]
 
     def _elastic_restore(self):
         """Rolls this rank's slice back to the last commit (the layout is the commit's: it
-        only changes in _elastic_reshard, which saves right after)."""
+        only changes in _elastic_reshard, which is followed by a commit)."""
         record = self._committed
         if record is not None and record["size"] == self._size and \
                 record["rank"] == self._rank:
             self._install(record["slices"][self._rank], record["hypers"])
 
     def _elastic_reshard(self, process_set=None):
-        """Collective, on the re-formed job: lays the buckets out over its ranks and gives each
-        rank its new slice of the last commit, taken from the survivors that hold the old
-        slices (the owner or its replica). Returns the seconds it took."""
+        """Collective, on the re-formed job: agrees on the newest commit (``agreed_commit``),
+        lays the buckets out over the job's ranks and gives each rank its new slice of that
+        commit, taken from the survivors that hold the old slices (the owner or its replica).
+        Returns the seconds it took."""
         started = time.perf_counter()
         if process_set is not None:
             self.process_set = process_set
-        record = self._committed or {"id": -1, "size": self._size, "rank": self._rank,
-                                     "hypers": self._hyperparameters(), "slices": {}}
-        metas = allgather_object((record["id"], record["size"], sorted(record["slices"]),
-                                  record["hypers"]), name="sharded.reshard.meta",
+        records = [r for r in (self._committed, getattr(self, "_pending", None)) if r]
+        metas = allgather_object([(r["id"], r["size"], sorted(r["slices"]), r["hypers"])
+                                  for r in records], name="sharded.reshard.meta",
                                  process_set=self.process_set)
-        best = max(m[0] for m in metas)
-        candidates = [i for i, m in enumerate(metas) if m[0] == best]
-        old_size, hypers = metas[candidates[0]][1], metas[candidates[0]][3]
+        best = max([m[0] for held in metas for m in held] or [-1])
+        mine = ([r for r in records if r["id"] == best] or [None])[0]
+        if mine is not None:  # (a pending commit that another rank confirmed: it is the one)
+            self._committed, self._commit_id = mine, best
+        self._pending = None
+        self.agreed_commit = best
+        held = {i: [m for m in ms if m[0] == best][0] for i, ms in enumerate(metas)
+                if any(m[0] == best for m in ms)}
+        if held:
+            old_size, hypers = next(iter(held.values()))[1], next(iter(held.values()))[3]
+        else:  # nothing saved anywhere yet: a fresh state
+            old_size, hypers = 0, self._hyperparameters()
         provider = {}
         for old in range(old_size):
-            holders = [i for i in candidates if old in metas[i][2]]
+            holders = [i for i, m in sorted(held.items()) if old in m[2]]
             if not holders:
                 raise RuntimeError(
                     "ShardedOptimizer: the optimizer state of rank %d of the last commit (%d "
@@ -647,16 +673,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
         me = self.process_set.rank()
         slices = {}
         for b in self._buckets:
-            mine = {old: record["slices"][old][b.index] for old, i in provider.items() if i == me}
+            part = {old: mine["slices"][old][b.index] for old, i in provider.items() if i == me}
             pieces = {}
-            for part in allgather_object(mine, name="sharded.reshard.%d" % b.index,
-                                         process_set=self.process_set):
-                pieces.update(part)
+            for gathered in allgather_object(part, name="sharded.reshard.%d" % b.index,
+                                             process_set=self.process_set):
+                pieces.update(gathered)
             st = self._reslice(b, [pieces[old] for old in range(old_size)], old_size)
             if st is not None:
                 slices[b.index] = st
         self._install(slices, hypers)
-        self._commit_id = best
         return time.perf_counter() - started
 
     def _reslice(self, b, old_slices, old_size):

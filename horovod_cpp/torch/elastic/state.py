@@ -91,6 +91,7 @@ class TorchState(ObjectState):
         self.model = model
         self.optimizer = optimizer
         self.reshard_seconds = None
+        self._pending_snapshot = None
         self._saved_model_state = None
         self._saved_optimizer_state = None
         # Objects with state_dict/load_state_dict (an ElasticSampler) travel as their state.
@@ -106,39 +107,62 @@ class TorchState(ObjectState):
     def _sharded(self):
         return self.optimizer is not None and hasattr(self.optimizer, "_elastic_reshard")
 
+    def _snapshot(self):
+        return {"handled": {k: copy.deepcopy(v.state_dict()) for k, v in self._handled.items()},
+                "model": (copy.deepcopy(self.model.state_dict()) if self.model is not None
+                          else None),
+                "objects": {k: copy.deepcopy(getattr(self, k)) for k in self._saved_state}}
+
+    def _keep(self, snapshot):
+        self._saved_handled = snapshot["handled"]
+        self._saved_model_state = snapshot["model"]
+        self._saved_state = snapshot["objects"]
+
     def _save_torch(self, replicate=False):
-        """``replicate``: collective (commit, sync); a ShardedOptimizer then also keeps a
-        replica of each rank's slice on another rank."""
-        self._saved_handled = {k: copy.deepcopy(v.state_dict()) for k, v in self._handled.items()}
-        if self.model is not None:
-            self._saved_model_state = copy.deepcopy(self.model.state_dict())
+        """Saves the model, the optimizer, the handled objects and the attributes together.
+        ``replicate``: collective (commit, sync); a ShardedOptimizer then also keeps a replica
+        of each rank's slice on another rank, and the commit counts only once every rank has
+        its replicas (until then it is pending: see sync)."""
+        snapshot = self._snapshot()
         if self._sharded():
+            self._pending_snapshot = ((self.optimizer.commit_id + 1, snapshot) if replicate
+                                      else None)
             self.optimizer._elastic_save(replicate=replicate)
+            self._pending_snapshot = None
         elif self.optimizer is not None:
             self._saved_optimizer_state = copy.deepcopy(self.optimizer.state_dict())
+        self._keep(snapshot)
 
     def save(self):
-        self._save_torch(replicate=True)
-        super().save()
+        self._save_torch(replicate=True)  # the attributes too (ObjectState.save's part)
 
-    def restore(self):
+    def _restore_model_and_objects(self):
         if self.model is not None:
             self.model.load_state_dict(self._saved_model_state)
-        if self._sharded():
-            self.optimizer._elastic_restore()
-        elif self.optimizer is not None:
-            self.optimizer.load_state_dict(self._saved_optimizer_state)
         for k, v in self._handled.items():
             v.load_state_dict(self._saved_handled[k])
         super().restore()
 
+    def restore(self):
+        if self._sharded():
+            self.optimizer._elastic_restore()
+        elif self.optimizer is not None:
+            self.optimizer.load_state_dict(self._saved_optimizer_state)
+        self._restore_model_and_objects()
+
     def sync(self):
+        if self._sharded():
+            # The job agrees on the newest commit that some rank confirmed (a rank that failed
+            # before confirming it holds it as pending, and takes it now), and each rank gets
+            # its slice of it, laid out over the ranks there are now.
+            self.reshard_seconds = self.optimizer._elastic_reshard()
+            pending, self._pending_snapshot = self._pending_snapshot, None
+            if pending is not None and pending[0] == self.optimizer.agreed_commit:
+                self._keep(pending[1])
+                self._restore_model_and_objects()
         if self.model is not None:
             broadcast_parameters(self.model.state_dict(), root_rank=0)
-        if self._sharded():
-            # Each rank's slice of the last commit, laid out over the ranks there are now.
-            self.reshard_seconds = self.optimizer._elastic_reshard()
-        elif self.optimizer is not None:
+        if self.optimizer is not None and not self._sharded():
             broadcast_optimizer_state(self.optimizer, root_rank=0)
         for k, v in self._handled.items():  # rank 0's, then re-partitioned for the new world
             v.load_state_dict(broadcast_object(v.state_dict(), 0, name="elastic." + k))

@@ -105,9 +105,12 @@ def assert_resumed(job, fault_at, ranks, bound):
     return resumed - fault_at, redone, checks
 
 
-def test_a_host_whose_processes_are_killed_mid_epoch():
+@pytest.mark.parametrize("sharded", [0, 2], ids=["distributed", "sharded2"])
+def test_a_host_whose_processes_are_killed_mid_epoch(sharded):
+    """--sharded 2: hvd-h3's slice of the optimizer state comes back from its replica on
+    another host; after the reset the whole optimizer state equals the last commit."""
     job = Job(["-np", "3", "--min-np", "2", "--max-np", "3", "-H", "hvd-h1:1,hvd-h2:1,hvd-h3:1"],
-              ["--epochs", "6", "--step-delay", "0.02"])
+              ["--epochs", "6", "--step-delay", "0.02", "--sharded", str(sharded)])
     job.wait_for(r"epoch  2/6  3 ranks")
     time.sleep(0.5)
     fault_at = time.time()
@@ -115,10 +118,22 @@ def test_a_host_whose_processes_are_killed_mid_epoch():
     took, redone, checks = assert_resumed(job, fault_at, 2, bound=15)
     assert all("equal on every rank True, equal to my last commit True" in l for l in checks), \
         job.text()
+    if sharded:
+        assert all("optimizer state" in l and "equal to the last commit True" in l
+                   for l in checks), job.text()
     assert job.finish() == 0, job.text()
     final = re.search(r"final test accuracy: ([0-9.]+) \(2 ranks at the end\)", job.text())
     assert final and float(final.group(1)) >= ACCURACY_BAR, job.text()
     assert "blacklisted hvd-h3" in job.text()
+    if sharded:
+        reshard = re.search(r"resharded the optimizer state over 2 ranks in ([0-9.]+) s",
+                            job.text())
+        assert reshard, job.text()
+        report("elastic: ShardedOptimizer stage 2, hvd-h3's processes killed -> resumed on 2 "
+               "ranks %.2f s later (the reshard itself %s s), %d steps redone, optimizer state "
+               "equal to the last commit, final accuracy %s"
+               % (took, reshard.group(1), redone, final.group(1)))
+        return
     report("elastic: hvd-h3's processes killed -> training resumed on 2 ranks %.2f s later, %d "
            "steps redone, final accuracy %s" % (took, redone, final.group(1)))
 
@@ -142,14 +157,16 @@ def test_a_host_taken_off_the_network():
            % (took, redone, final.group(1)))
 
 
-def test_a_host_added_by_the_discovery_script(tmp_path):
+@pytest.mark.parametrize("sharded", [0, 2], ids=["distributed", "sharded2"])
+def test_a_host_added_by_the_discovery_script(tmp_path, sharded):
     listing = tmp_path / "hosts.txt"
     listing.write_text("hvd-h1:1\nhvd-h2:1\n")
     script = tmp_path / "discover.sh"
     script.write_text("#!/bin/sh\ncat %s\n" % listing)
     script.chmod(0o755)
     job = Job(["-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script",
-               str(script)], ["--epochs", "5", "--step-delay", "0.02"])
+               str(script)], ["--epochs", "5", "--step-delay", "0.02", "--sharded",
+                              str(sharded)])
     job.wait_for(r"epoch  2/5  2 ranks")
     added_at = time.time()
     listing.write_text("hvd-h1:1\nhvd-h2:1\nhvd-h3:1\n")
@@ -158,10 +175,16 @@ def test_a_host_added_by_the_discovery_script(tmp_path):
     assert len(new) == 1 and new[0].startswith("[hvd-h3:0]") and "rank 2 of 3" in new[0], \
         job.text()
     assert all("equal on every rank True" in l for l in checks), job.text()
+    if sharded:  # the two ranks that were there hold the commit, resharded over three
+        old = [l for l in checks if "new rank" not in l]
+        assert len(old) == 2 and all("equal to the last commit True" in l for l in old), \
+            job.text()
+        assert re.search(r"resharded the optimizer state over 3 ranks", job.text()), job.text()
     assert job.finish() == 0, job.text()
     assert re.search(r"final test accuracy: [0-9.]+ \(3 ranks at the end\)", job.text())
-    report("elastic: hvd-h3 added by discovery -> 3 ranks training %.2f s later, its parameters "
-           "equal to the others'" % took)
+    report("elastic: %shvd-h3 added by discovery -> 3 ranks training %.2f s later, its "
+           "parameters equal to the others'" % ("ShardedOptimizer stage 2, " if sharded else "",
+                                                took))
 
 
 def test_fewer_hosts_than_min_np_is_a_clear_error():
