@@ -1,6 +1,8 @@
 // horovod_cpp — Apache-2.0
 #include "bindings/torch.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <iostream>
 #include <sstream>
@@ -469,6 +471,332 @@ void DistributedOptimizer::ZeroGrad() {
     }
   }
   optimizer_->zero_grad();
+}
+
+// ---- ShardedOptimizer ---------------------------------------------------------------------------
+
+namespace {
+
+// [start, end) of rank `rank` of `size` in a bucket of `length` elements: reducescatter's split.
+std::pair<int64_t, int64_t> ShardRange(int64_t length, int size, int rank) {
+  const int64_t base = length / size, rem = length % size;
+  const int64_t start = rank * base + std::min<int64_t>(rank, rem);
+  return {start, start + base + (rank < rem ? 1 : 0)};
+}
+
+int64_t Bytes(const ::torch::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+}  // namespace
+
+struct ShardedOptimizer::Param {
+  ::torch::Tensor tensor;
+  size_t bucket = 0;
+  int64_t offset = 0;
+  int passes = 0;         // backward passes since the last Synchronize
+  bool arrived = false;   // its gradient is in the bucket's buffer (this pass / step)
+  unsigned hook = 0;
+};
+
+struct ShardedOptimizer::Bucket {
+  size_t index = 0;
+  std::vector<size_t> params;  // indices into params_
+  int64_t length = 0, start = 0, end = 0;
+  ::torch::Tensor flat;       // the parameters
+  ::torch::Tensor grad_flat;  // stage 1: persistent; stage 2: the pass being filled
+  ::torch::Tensor shard;      // flat[start:end]: what the wrapped optimizer steps
+  int arrived = 0;
+  int launched = 0;           // reductions started this step
+  std::vector<TorchHandle> handles;
+};
+
+ShardedOptimizer::ShardedOptimizer(
+    const ::torch::OrderedDict<std::string, ::torch::Tensor>& named_parameters,
+    Factory make_optimizer, ShardedOptimizerOptions options)
+    : options_(options) {
+  if (options_.stage != 1 && options_.stage != 2) {
+    Throw(Status::InvalidArgument("stage must be 1 (optimizer state sharded) or 2 (gradients "
+                                  "too), got " + std::to_string(options_.stage)));
+  }
+  if (options_.backward_passes_per_step <= 0) {
+    Throw(Status::InvalidArgument("backward_passes_per_step must be > 0"));
+  }
+  if (options_.op != ReduceOp::kAverage && options_.op != ReduceOp::kSum) {
+    Throw(Status::InvalidArgument("ShardedOptimizer supports op Average and Sum"));
+  }
+  Result<ProcessSetInfo> set = GetProcessSet(options_.process_set_id);
+  if (!set.ok()) Throw(set.status());
+  if (!set->included) Throw(Status::InvalidArgument("ShardedOptimizer: this rank is not in the "
+                                                    "process set"));
+  size_ = set->size;
+  rank_ = set->rank;
+
+  // Reverse order (the order backward produces gradients), per dtype, up to the cap.
+  std::vector<::torch::Tensor> order;
+  for (const auto& item : named_parameters) {
+    if (item.value().requires_grad()) order.push_back(item.value());
+  }
+  std::reverse(order.begin(), order.end());
+  std::vector<c10::ScalarType> dtypes;
+  for (const auto& t : order) {
+    if (std::find(dtypes.begin(), dtypes.end(), t.scalar_type()) == dtypes.end()) {
+      dtypes.push_back(t.scalar_type());
+    }
+  }
+  ::torch::NoGradGuard no_grad;
+  std::vector<::torch::Tensor> shards;
+  for (c10::ScalarType dtype : dtypes) {
+    std::vector<size_t> current;
+    int64_t bytes = 0;
+    auto close = [&] {
+      if (current.empty()) return;
+      auto b = std::make_unique<Bucket>();
+      b->index = buckets_.size();
+      b->params = current;
+      for (size_t i : current) {
+        params_[i]->bucket = b->index;
+        params_[i]->offset = b->length;
+        b->length += params_[i]->tensor.numel();
+      }
+      b->flat = ::torch::empty({b->length}, params_[current[0]]->tensor.options()
+                                                .requires_grad(false));
+      for (size_t i : current) {
+        Param& p = *params_[i];
+        ::torch::Tensor view = b->flat.narrow(0, p.offset, p.tensor.numel());
+        view.copy_(p.tensor.detach().reshape({-1}));
+        p.tensor.set_data(view.view(p.tensor.sizes()));
+      }
+      std::tie(b->start, b->end) = ShardRange(b->length, size_, rank_);
+      b->shard = b->flat.narrow(0, b->start, b->end - b->start);
+      if (options_.stage == 1) b->grad_flat = ::torch::zeros_like(b->flat);
+      shards.push_back(b->shard);
+      buckets_.push_back(std::move(b));
+      current.clear();
+      bytes = 0;
+    };
+    for (const auto& t : order) {
+      if (t.scalar_type() != dtype) continue;
+      if (!t.device().is_cpu()) {
+        Throw(Status::InvalidArgument("ShardedOptimizer (C++) supports CPU parameters"));
+      }
+      const int64_t size = Bytes(t);
+      if (!current.empty() && bytes + size > options_.bucket_cap_bytes) close();
+      auto p = std::make_unique<Param>();
+      p->tensor = t;
+      params_.push_back(std::move(p));
+      current.push_back(params_.size() - 1);
+      bytes += size;
+    }
+    close();
+  }
+  if (params_.empty()) Throw(Status::InvalidArgument("ShardedOptimizer got no parameter that "
+                                                     "requires a gradient"));
+  optimizer_ = make_optimizer(shards);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i]->hook = params_[i]->tensor.register_hook(
+        [this, i](const ::torch::Tensor& grad) { OnGradient(i, grad); });
+  }
+}
+
+ShardedOptimizer::~ShardedOptimizer() {
+  for (auto& p : params_) p->tensor.remove_hook(p->hook);
+  for (auto& b : buckets_) {
+    for (auto& h : b->handles) {
+      try {
+        h.Synchronize();  // the tensors must outlive the operation
+      } catch (const Error&) {
+      }
+    }
+  }
+}
+
+// Runs inside backward(), before autograd adds `grad` into grad().
+void ShardedOptimizer::OnGradient(size_t index, const ::torch::Tensor& grad) {
+  Param& p = *params_[index];
+  Bucket& b = *buckets_[p.bucket];
+  if (p.passes >= options_.backward_passes_per_step) {
+    Throw(Status::FailedPrecondition(
+        "Gradients were computed more than backward_passes_per_step times before call to "
+        "step(). Increase backward_passes_per_step to accumulate gradients locally."));
+  }
+  reduced_ = false;
+  ++p.passes;
+  ::torch::NoGradGuard no_grad;
+  if (options_.stage == 1) {
+    if (p.passes < options_.backward_passes_per_step) return;  // accumulate locally
+    const ::torch::Tensor& held = p.tensor.grad();
+    ::torch::Tensor view = b.grad_flat.narrow(0, p.offset, p.tensor.numel());
+    view.copy_(held.defined() ? (held + grad).reshape({-1}) : grad.reshape({-1}));
+    p.arrived = true;
+    if (++b.arrived == static_cast<int>(b.params.size())) Launch(b);
+    return;
+  }
+  if (p.arrived) Launch(b);  // a second pass before the bucket's other gradients arrived
+  if (!b.grad_flat.defined()) b.grad_flat = ::torch::empty_like(b.flat);
+  b.grad_flat.narrow(0, p.offset, p.tensor.numel()).copy_(grad.reshape({-1}));
+  p.arrived = true;
+  if (++b.arrived == static_cast<int>(b.params.size())) Launch(b);
+}
+
+void ShardedOptimizer::Launch(Bucket& b) {
+  ::torch::NoGradGuard no_grad;
+  if (!b.grad_flat.defined()) b.grad_flat = ::torch::zeros_like(b.flat);
+  for (size_t i : b.params) {
+    Param& p = *params_[i];
+    if (p.arrived) continue;
+    ::torch::Tensor view = b.grad_flat.narrow(0, p.offset, p.tensor.numel());
+    // Stage 1: what earlier passes accumulated (or nothing); stage 2: no gradient this pass.
+    const ::torch::Tensor& held = p.tensor.grad();
+    if (options_.stage == 1 && held.defined()) {
+      view.copy_(held.reshape({-1}));
+    } else {
+      view.zero_();
+    }
+  }
+  ReduceOptions o;
+  o.op = options_.op;
+  o.process_set_id = options_.process_set_id;
+  const std::string name =
+      "sharded." + std::to_string(b.index) + "." + std::to_string(b.launched);
+  if (options_.stage == 1) {
+    b.handles.push_back(AllreduceAsync_(b.grad_flat, name, o));
+  } else {
+    b.handles.push_back(ReducescatterAsync(b.grad_flat, name, o));
+    b.grad_flat = ::torch::Tensor();  // the handle keeps it until the reduction is done
+  }
+  ++b.launched;
+  b.arrived = 0;
+  for (size_t i : b.params) params_[i]->arrived = false;
+}
+
+void ShardedOptimizer::Synchronize() {
+  if (reduced_) return;
+  const int want = options_.stage == 1 ? 1 : options_.backward_passes_per_step;
+  for (auto& bp : buckets_) {
+    Bucket& b = *bp;
+    if (b.arrived > 0 || b.launched == 0) Launch(b);
+    while (b.launched < want) Launch(b);
+  }
+  ::torch::NoGradGuard no_grad;
+  for (auto& bp : buckets_) {
+    Bucket& b = *bp;
+    ::torch::Tensor grad;
+    for (auto& h : b.handles) {
+      ::torch::Tensor out = h.Synchronize();
+      if (options_.stage == 1) continue;
+      grad = grad.defined() ? grad.add_(out) : out;
+    }
+    b.handles.clear();
+    b.launched = 0;
+    if (options_.stage == 1) {
+      b.shard.mutable_grad() = b.grad_flat.narrow(0, b.start, b.end - b.start);
+      for (size_t i : b.params) {  // the averaged gradient, as DistributedOptimizer leaves it
+        Param& p = *params_[i];
+        p.tensor.mutable_grad() =
+            b.grad_flat.narrow(0, p.offset, p.tensor.numel()).view(p.tensor.sizes());
+      }
+    } else {
+      b.shard.mutable_grad() = grad;
+      for (size_t i : b.params) params_[i]->tensor.mutable_grad() = ::torch::Tensor();
+    }
+  }
+  for (auto& p : params_) p->passes = 0;
+  reduced_ = true;
+}
+
+void ShardedOptimizer::Step() {
+  Synchronize();
+  optimizer_->step();
+  reduced_ = false;
+  // Every bucket's updated slices into the parameters, at most two buckets in flight.
+  ::torch::NoGradGuard no_grad;
+  std::vector<std::pair<Bucket*, TorchHandle>> pending;
+  for (auto& bp : buckets_) {
+    pending.emplace_back(bp.get(), AllgatherAsync(bp->shard.detach(),
+                                                  "sharded.gather." + std::to_string(bp->index),
+                                                  options_.process_set_id));
+    if (pending.size() >= 2) {
+      pending.front().first->flat.copy_(pending.front().second.Synchronize());
+      pending.erase(pending.begin());
+    }
+  }
+  for (auto& [b, h] : pending) b->flat.copy_(h.Synchronize());
+}
+
+void ShardedOptimizer::ZeroGrad() {
+  for (auto& b : buckets_) {
+    if (!b->handles.empty()) {
+      Throw(Status::FailedPrecondition(
+          "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
+          "or optimizer.synchronize(). This is prohibited as it can cause a race condition."));
+    }
+  }
+  for (auto& p : params_) {
+    p->tensor.mutable_grad() = ::torch::Tensor();
+    p->passes = 0;
+    p->arrived = false;
+  }
+  for (auto& b : buckets_) {
+    b->shard.mutable_grad() = ::torch::Tensor();
+    b->arrived = 0;
+  }
+  reduced_ = false;
+}
+
+double ShardedOptimizer::ClipGradNorm(double max_norm, double norm_type) {
+  Synchronize();
+  ::torch::NoGradGuard no_grad;
+  const bool inf = std::isinf(norm_type);
+  double local = 0;
+  for (auto& b : buckets_) {
+    const ::torch::Tensor& g = b->shard.grad();
+    if (!g.defined() || g.numel() == 0) continue;
+    ::torch::Tensor d = g.to(::torch::kDouble);
+    if (inf) {
+      local = std::max(local, d.abs().max().item<double>());
+    } else {
+      local += std::pow(::torch::linalg::vector_norm(d, norm_type, {}, false, {}).item<double>(),
+                        norm_type);
+    }
+  }
+  ReduceOptions o;
+  o.op = inf ? ReduceOp::kMax : ReduceOp::kSum;
+  o.process_set_id = options_.process_set_id;
+  double total = Allreduce(::torch::tensor({local}, ::torch::kDouble), "sharded.clip", o)
+                     .item<double>();
+  if (!inf) total = std::pow(total, 1.0 / norm_type);
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0) {
+    for (auto& b : buckets_) {
+      if (b->shard.grad().defined()) b->shard.mutable_grad().mul_(coef);
+    }
+  }
+  return total;
+}
+
+ShardedOptimizer::HeldBytes ShardedOptimizer::Held() const {
+  HeldBytes held;
+  for (const auto& b : buckets_) {
+    held.parameters += Bytes(b->flat);
+    held.gradients += options_.stage == 1 ? Bytes(b->grad_flat) : Bytes(b->shard.grad());
+  }
+  if (options_.stage == 2) {
+    for (const auto& p : params_) held.gradients += Bytes(p->tensor.grad());
+  }
+  for (const auto& item : optimizer_->state()) {
+    const auto* state = item.second.get();
+    if (const auto* adam = dynamic_cast<const ::torch::optim::AdamParamState*>(state)) {
+      held.optimizer_state += Bytes(adam->exp_avg()) + Bytes(adam->exp_avg_sq()) +
+                              Bytes(adam->max_exp_avg_sq());
+    } else if (const auto* adamw = dynamic_cast<const ::torch::optim::AdamWParamState*>(state)) {
+      held.optimizer_state += Bytes(adamw->exp_avg()) + Bytes(adamw->exp_avg_sq()) +
+                              Bytes(adamw->max_exp_avg_sq());
+    } else if (const auto* sgd = dynamic_cast<const ::torch::optim::SGDParamState*>(state)) {
+      held.optimizer_state += Bytes(sgd->momentum_buffer());
+    }
+  }
+  return held;
 }
 
 }  // namespace torch

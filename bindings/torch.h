@@ -23,6 +23,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -185,6 +186,78 @@ class DistributedOptimizer {
   std::vector<std::unique_ptr<Param>> params_;
   bool synchronized_ = false;
   bool should_synchronize_ = true;
+};
+
+struct ShardedOptimizerOptions {
+  int stage = 2;                     // 1: optimizer state sharded; 2: gradients too
+  ReduceOp op = ReduceOp::kAverage;  // Average or Sum
+  int backward_passes_per_step = 1;
+  int64_t bucket_cap_bytes = 25 << 20;  // the most bytes of parameters in one flat bucket
+  int32_t process_set_id = kGlobalProcessSetId;
+};
+
+// The C++ counterpart of horovod_cpp.torch.ShardedOptimizer (stages 1 and 2; see its docs and
+// docs/sharding.md). The parameters that require a gradient are packed, per dtype, in reverse
+// order, into flat buckets (each parameter's data becomes a view of its bucket); rank r of N
+// owns one contiguous slice of every bucket (reducescatter's split: L / N each, the first
+// L % N ranks one more), and the wrapped optimizer, built by `make_optimizer` over this rank's
+// slices only, holds state for them alone.
+//   Stage 1: each bucket's gradient is allreduced in place as soon as the bucket is complete;
+//     the averaged gradients stay in the parameters' grad().
+//   Stage 2: each bucket's gradient is reduce-scattered as soon as it is complete (every pass
+//     when accumulating) and a rank keeps the averaged gradient of its slice only. LibTorch's
+//     C++ hooks run before autograd accumulates, so the full gradients autograd accumulates in
+//     grad() live until Synchronize(), which frees them.
+// Step() synchronizes, steps the slices and allgathers them into the parameters. Parameters
+// without a gradient on some rank contribute zeros there, as in DistributedOptimizer.
+class ShardedOptimizer {
+ public:
+  using Factory =
+      std::function<std::shared_ptr<::torch::optim::Optimizer>(std::vector<::torch::Tensor>)>;
+  // A factory for `Optim` with `options`: ShardedOptimizer::Of<torch::optim::Adam>(
+  //   torch::optim::AdamOptions(1e-3)).
+  template <typename Optim, typename OptimOptions>
+  static Factory Of(OptimOptions options) {
+    return [options](std::vector<::torch::Tensor> params) {
+      return std::make_shared<Optim>(std::move(params), options);
+    };
+  }
+
+  ShardedOptimizer(const ::torch::OrderedDict<std::string, ::torch::Tensor>& named_parameters,
+                   Factory make_optimizer, ShardedOptimizerOptions options = {});
+  ~ShardedOptimizer();
+  ShardedOptimizer(const ShardedOptimizer&) = delete;
+  ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
+
+  // Starts what the hooks did not (so every rank starts the same reductions), waits for them
+  // and sets the slices' gradients.
+  void Synchronize();
+  void Step();
+  void ZeroGrad();
+  // Clips every slice's gradient by the global norm (that of the whole, unsharded gradient),
+  // as torch::nn::utils::clip_grad_norm_ would; returns that norm.
+  double ClipGradNorm(double max_norm, double norm_type = 2.0);
+
+  // The wrapped optimizer (its parameters are this rank's slices).
+  ::torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  struct HeldBytes {
+    int64_t parameters = 0, gradients = 0, optimizer_state = 0;
+  };
+  // What this rank holds, counted from the tensors (state: SGD's and Adam(W)'s buffers).
+  HeldBytes Held() const;
+
+ private:
+  struct Bucket;
+  struct Param;
+  void OnGradient(size_t index, const ::torch::Tensor& grad);
+  void Launch(Bucket& b);
+
+  std::shared_ptr<::torch::optim::Optimizer> optimizer_;
+  ShardedOptimizerOptions options_;
+  std::vector<std::unique_ptr<Param>> params_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  int size_ = 1, rank_ = 0;
+  bool reduced_ = false;
 };
 
 }  // namespace torch

@@ -195,6 +195,114 @@ TEST(TorchDistributedOptimizer, AdamMatchesOneProcess) {
   }
 }
 
+// ---- ShardedOptimizer (stages 1 and 2) against one process on the full batch ------------------
+
+using Factory = ht::ShardedOptimizer::Factory;
+
+// 20 steps of `passes` backward passes, optionally clipped to `max_norm` (0: no clipping);
+// 200-byte buckets: the Mlp's four tensors (3, 21, 7 and 35 doubles, in reverse order) land in
+// three buckets, split unevenly over the ranks.
+void CheckShardedAgainstOneProcess(int stage, const Factory& make, int passes, double max_norm) {
+  auto data = Batches(20, passes);
+  Mlp ref = MakeModel();
+  auto ref_opt = make(ref->parameters());
+  std::vector<std::vector<Tensor>> want;
+  std::vector<double> want_norms;
+  for (auto& step : data) {
+    ref_opt->zero_grad();
+    for (auto& [x, y] : step) Loss(ref, x, y).backward();
+    if (max_norm > 0) {
+      want_norms.push_back(::torch::nn::utils::clip_grad_norm_(ref->parameters(), max_norm));
+    }
+    ref_opt->step();
+    want.push_back(Flat(ref));
+  }
+  Mlp model = MakeModel();
+  ht::ShardedOptimizerOptions options;
+  options.stage = stage;
+  options.backward_passes_per_step = passes;
+  options.bucket_cap_bytes = 200;
+  ht::ShardedOptimizer opt(model->named_parameters(), make, options);
+  const int64_t lo = R() * 4, hi = lo + 4;
+  int clipped = 0;
+  for (size_t s = 0; s < data.size(); ++s) {
+    opt.ZeroGrad();
+    for (auto& [x, y] : data[s]) Loss(model, x.slice(0, lo, hi), y.slice(0, lo, hi)).backward();
+    if (stage == 2) {  // only the slices' gradients are left after Synchronize
+      opt.Synchronize();
+      for (const Tensor& p : model->parameters()) ASSERT_FALSE(p.grad().defined());
+    }
+    if (max_norm > 0) {
+      double norm = opt.ClipGradNorm(max_norm);
+      ASSERT_NEAR(norm, want_norms[s], 1e-9 * want_norms[s]) << "step " << s;
+      clipped += norm > max_norm;
+    }
+    opt.Step();
+    std::vector<Tensor> got = Flat(model);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(got[i].allclose(want[s][i], 1e-9, 1e-11))
+          << "stage " << stage << " step " << s << " param " << i << ": "
+          << (got[i] - want[s][i]).abs().max().item<double>();
+    }
+  }
+  if (max_norm > 0) {
+    EXPECT_GT(clipped, 5);  // the clipping did clip
+  }
+  // This rank holds its slices' state only: SGD's momentum or Adam's two moments.
+  auto held = opt.Held();
+  int64_t all = 0, mine = 0;
+  for (const Tensor& p : model->parameters()) all += p.numel();
+  for (int64_t length : {24, 7, 35}) {
+    mine += length / N() + (R() < length % N() ? 1 : 0);
+  }
+  EXPECT_EQ(held.parameters, 8 * all);
+  EXPECT_EQ(held.gradients, 8 * (stage == 1 ? all : mine));
+  EXPECT_TRUE(held.optimizer_state == 8 * mine || held.optimizer_state == 16 * mine)
+      << held.optimizer_state << " for " << mine << " elements";
+}
+
+Factory SgdMomentum() {
+  return ht::ShardedOptimizer::Of<::torch::optim::SGD>(
+      ::torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+Factory Adam() {
+  return ht::ShardedOptimizer::Of<::torch::optim::Adam>(::torch::optim::AdamOptions(0.01));
+}
+Factory AdamW() {
+  return ht::ShardedOptimizer::Of<::torch::optim::AdamW>(
+      ::torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+}
+
+TEST(TorchShardedOptimizer, MatchesOneProcessOnTheFullBatch) {
+  for (int stage : {1, 2}) {
+    for (int passes : {1, 2}) {
+      for (double max_norm : {0.0, 0.05}) {
+        SCOPED_TRACE("stage " + std::to_string(stage) + " passes " + std::to_string(passes) +
+                     " max_norm " + std::to_string(max_norm));
+        CheckShardedAgainstOneProcess(stage, SgdMomentum(), passes, max_norm);
+        CheckShardedAgainstOneProcess(stage, Adam(), passes, max_norm);
+        CheckShardedAgainstOneProcess(stage, AdamW(), passes, max_norm);
+      }
+    }
+  }
+}
+
+TEST(TorchShardedOptimizer, ChecksAndErrors) {
+  Mlp model = MakeModel();
+  ht::ShardedOptimizerOptions bad;
+  bad.stage = 3;
+  EXPECT_THROW(ht::ShardedOptimizer(model->named_parameters(), Adam(), bad), ht::Error);
+  bad = {};
+  bad.backward_passes_per_step = 0;
+  EXPECT_THROW(ht::ShardedOptimizer(model->named_parameters(), Adam(), bad), ht::Error);
+  ht::ShardedOptimizer opt(model->named_parameters(), Adam());
+  auto data = Batches(1, 2);
+  Loss(model, data[0][0].first, data[0][0].second).backward();
+  // A second backward pass with backward_passes_per_step 1: Horovod's error.
+  EXPECT_THROW(Loss(model, data[0][1].first, data[0][1].second).backward(), std::exception);
+  opt.Step();
+}
+
 TEST(TorchDistributedOptimizer, HorovodChecksAndErrors) {
   Mlp model = MakeModel();
   auto sgd =
