@@ -43,9 +43,19 @@ import torch
 from horovod_cpp.torch.functions import allgather_object
 from horovod_cpp.torch.mpi_ops import (Average, HorovodNotSupportedError, Max, Sum,
                                        allgather_async, allreduce, allreduce_async_,
-                                       alltoall, grouped_allgather, reducescatter_async, synchronize)
+                                       alltoall, grouped_allgather, poll, reducescatter_async,
+                                       synchronize)
 from horovod_cpp.torch.optimizer import _POST_ACCUMULATE_GRAD_HOOK
 from horovod_cpp.torch.process_sets import global_process_set
+
+
+# torch.optim's optimizers whose step updates each parameter from its own gradient and state
+# alone: ShardedOptimizer steps them bucket by bucket, each bucket's allgather overlapping the
+# next bucket's step. Any other optimizer class steps every slice at once.
+_PER_PARAMETER_OPTIMIZERS = tuple(
+    getattr(torch.optim, name) for name in (
+        "SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "ASGD", "NAdam", "RAdam",
+        "RMSprop", "Rprop") if hasattr(torch.optim, name))
 
 
 def shard_range(length, size, rank):
@@ -80,8 +90,10 @@ class _Bucket(object):
         self.shard = None
         self.grad_flat = None  # stage 1: persistent; stage 2: the pass being filled
         self.arrived = set()   # parameters whose gradient is in grad_flat (this pass / step)
+        self.direct = False    # grad_flat is the parameter's own gradient (not yet averaged)
         self.launched = 0      # reductions started this step
-        self.handles = []
+        self.handles = []      # their handles (a tensor: done already), oldest first
+        self.reduced = None    # stage 2: the reduced slice gradient taken so far this step
 
     def set_shard(self, size, rank):
         self.start, self.end = shard_range(self.length, size, rank)
@@ -268,11 +280,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._passes[p] += 1
         b, i = self._bucket_of[p]
         if self.stage == 1:
-            view = b.view(b.grad_flat, i)
-            if p.grad.data_ptr() != view.data_ptr():
-                view.copy_(p.grad)
-                p.grad = view  # later passes accumulate into the bucket in place
+            # Accumulates in p.grad as autograd does; the last pass moves it into the bucket.
             if self._passes[p] == self.backward_passes_per_step:
+                self._into_bucket(b, i)
                 b.arrived.add(p)
                 if len(b.arrived) == len(b.params):
                     self._launch(b)
@@ -280,29 +290,57 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # Stage 2: into this pass's bucket gradient, then drop the full gradient.
         if p in b.arrived:  # a second pass before the bucket's other gradients arrived
             self._launch(b)
-        if b.grad_flat is None:
-            b.grad_flat = torch.empty_like(b.flat)
-        b.view(b.grad_flat, i).copy_(p.grad)
-        p.grad = None
+        if len(b.params) == 1:
+            # A bucket of one parameter (one larger than the cap: an embedding) reduces its
+            # gradient where autograd put it: no copy, no new buffer; op averages.
+            b.grad_flat, b.direct = p.grad.reshape(-1), True
+            p.grad = None
+        else:
+            if b.grad_flat is None:
+                b.grad_flat = torch.empty_like(b.flat)
+            self._into_bucket(b, i)
         b.arrived.add(p)
         if len(b.arrived) == len(b.params):
             self._launch(b)
 
+    def _into_bucket(self, b, i):
+        """Moves parameter i's gradient into its place in b.grad_flat, divided by the number of
+        ranks for op=Average (so that the reduction is a sum: one pass over the data fewer than
+        dividing afterwards); stage 1 leaves p.grad a view of it, stage 2 drops it."""
+        p = b.params[i]
+        view = b.view(b.grad_flat, i)
+        if self.op == Average and self._size > 1:
+            torch.mul(p.grad, 1.0 / self._size, out=view)
+        else:
+            view.copy_(p.grad)
+        p.grad = view if self.stage == 1 else None
+
     def _launch(self, b):
-        """Starts the reduction of bucket ``b``'s gradient (zeros where a parameter has none)."""
+        """Starts the reduction of bucket ``b``'s gradient: zeros for the parameters without
+        one (stage 1: what they accumulated in earlier passes, if anything)."""
         if b.grad_flat is None:
             b.grad_flat = torch.zeros_like(b.flat)
-        else:
-            for i, p in enumerate(b.params):
-                if p not in b.arrived:
-                    b.view(b.grad_flat, i).zero_()
+        for i, p in enumerate(b.params):
+            if p in b.arrived:
+                continue
+            if self.stage == 1 and p.grad is not None and \
+                    p.grad.data_ptr() != b.view(b.grad_flat, i).data_ptr():
+                self._into_bucket(b, i)
+            else:
+                b.view(b.grad_flat, i).zero_()
         name = "sharded.%d.%d" % (b.index, b.launched)
-        if self.stage == 1:
-            b.handles.append(allreduce_async_(b.grad_flat, name=name, op=self.op,
+        if self._size == 1:  # nothing to reduce with: the bucket's gradient is the result
+            b.handles.append(b.grad_flat)
+            b.direct = False
+        elif self.stage == 1:
+            b.handles.append(allreduce_async_(b.grad_flat, name=name, op=Sum,
                                               process_set=self.process_set))
         else:
-            b.handles.append(reducescatter_async(b.grad_flat, name=name, op=self.op,
+            op = self.op if b.direct else Sum
+            b.handles.append(reducescatter_async(b.grad_flat, name=name, op=op,
                                                  process_set=self.process_set))
+            b.direct = False
+            self._drain(wait=False)
             b.grad_flat = None  # the handle keeps it until the reduction is done
         b.launched += 1
         b.arrived = set()
@@ -320,21 +358,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
             while b.launched < want:
                 self._launch(b)
         nonfinite = False
+        self._drain(wait=True)
         for b in self._buckets:
             if self.stage == 1:
-                for h in b.handles:
-                    synchronize(h)
                 b.shard.grad = b.grad_flat[b.start:b.end]
             else:
-                grad = None
-                for h in b.handles:
-                    out = synchronize(h)
-                    grad = out if grad is None else grad.add_(out)
-                b.shard.grad = grad
-            b.handles = []
+                b.shard.grad, b.reduced = b.reduced, None
             b.launched = 0
-            if b.shard.grad.numel() and not bool(torch.isfinite(b.shard.grad).all()):
-                nonfinite = True
+            g = b.shard.grad
+            if g.numel() and not nonfinite:
+                # One pass: a non-finite element makes the sum non-finite (summed in fp32 at
+                # least, so that finite half-precision values cannot overflow it).
+                total = g.sum(dtype=torch.float32 if g.element_size() < 4 else g.dtype)
+                nonfinite = not bool(torch.isfinite(total))
         for p in self._passes:
             self._passes[p] = 0
         flag = allreduce(torch.tensor([1.0 if nonfinite else 0.0]), op=Max,
@@ -343,6 +379,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
             else torch.zeros(1)
         self._in_flight = False
         self._reduced = True
+
+    def _drain(self, wait):
+        """Takes the results of the reductions that are done (all of them with ``wait``), in
+        order: stage 2 adds each into the bucket's reduced slice and lets go of its input, so
+        that a bucket's full gradient lives only until its reducescatter is done."""
+        for b in self._buckets:
+            while b.handles and (wait or torch.is_tensor(b.handles[0]) or poll(b.handles[0])):
+                h = b.handles.pop(0)
+                out = h if torch.is_tensor(h) else synchronize(h)
+                if self.stage == 2:
+                    b.reduced = out if b.reduced is None else b.reduced.add_(out)
 
     def synchronize(self):
         """Waits for the gradient reductions (as DistributedOptimizer.synchronize)."""
@@ -411,24 +458,40 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         self._finish_reductions()
         self._finite_flag.grad = None
-        self.optim.step()
+        self._step_and_gather()
         self._reduced = False
-        self._gather_parameters()
         return loss
 
-    def _gather_parameters(self, window=2):
-        """Allgathers every bucket's updated slices into the parameters."""
+    def _step_and_gather(self, window=2):
+        """Steps the slices bucket by bucket, starting each bucket's allgather into the
+        parameters as soon as its slice is stepped, so that the gathers overlap the next
+        buckets' steps (at most ``window`` in flight, to bound the temporary memory)."""
+        grads = [b.shard.grad for b in self._buckets]
+        per_bucket = isinstance(self.optim, _PER_PARAMETER_OPTIMIZERS)
+        if per_bucket:
+            for b in self._buckets:
+                b.shard.grad = None
+        else:  # (an optimizer that may couple its parameters: one step, then the gathers)
+            self.optim.step()
         pending = []
         with torch.no_grad():
-            for b in self._buckets:
+            for b, g in zip(self._buckets, grads):
+                if per_bucket:
+                    b.shard.grad = g
+                    self.optim.step()  # only this slice has a gradient: only it is stepped
+                    b.shard.grad = None
+                if self._size == 1:
+                    continue  # the slice is the bucket: the parameters are stepped already
                 pending.append((b, allgather_async(b.shard.detach(),
                                                    name="sharded.gather.%d" % b.index,
                                                    process_set=self.process_set)))
-                if len(pending) >= window:
+                if len(pending) > window:
                     done, h = pending.pop(0)
                     done.flat.copy_(synchronize(h))
             for done, h in pending:
                 done.flat.copy_(synchronize(h))
+        for b, g in zip(self._buckets, grads):
+            b.shard.grad = g
 
     # ---- checkpoints ----------------------------------------------------------------------
 
@@ -552,6 +615,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._in_flight = False
         for b in self._buckets:
             b.handles = []
+            b.reduced = None
             b.launched = 0
             if self.stage == 2:
                 b.grad_flat = None
