@@ -2,8 +2,8 @@
 # Every performance figure in one command: install what is missing, build, then run the
 # benchmarks in examples/bench/ on 2 ranks. Each figure is one line
 #   FIGURE <id> name=... p50_ms=... p90_ms=... baseline=... ratio=... target=... met=yes|no|n/a
-# where ratio is against a baseline measured in the same run. About 15 minutes on 2 cores,
-# 10 of them across test hosts.
+# where ratio is against a baseline measured in the same run. About 22 minutes on 2 cores,
+# 10 of them across test hosts, 6 for the sharded optimizer's figures.
 #   ./bench.sh                 all figures (allreduce over shared memory, TCP and test hosts,
 #                              timeline overhead, training throughput vs DDP, Gloo vs MPI)
 #   ./bench.sh --quick         fewer repetitions (noisier)
@@ -47,12 +47,13 @@ if ((quick)); then
   AR=(--reps 8 --resnet-reps 4 --latency-reps 300 --idle-seconds 5); TL=(--blocks 10)
   ST=(--blocks 3 --steps 8); PP=(--reps 15); VH=(--reps 6 --blocks 3); ROUNDS=2
   XR=(--reps 3 --resnet-reps 2); XS=(--steps 10); FTD=(--blocks 1 --steps 1)
-  FTP=(--blocks 2 --steps 2)
+  FTP=(--blocks 2 --steps 2); SM=(--warmup 1 --steps 2)
 else
   AR=(--reps 60 --resnet-reps 20); TL=(); ST=(--blocks 16); PP=(); VH=(); ROUNDS=3
   XR=(--reps 8 --resnet-reps 4); XS=(--steps 30)
   FTD=(--blocks 2 --steps 2)   # Debian's torch: ~10 s a step
   FTP=(--blocks 3 --steps 4)   # PyPI's: ~1 s
+  SM=()                        # sharded_memory.py's defaults: 2 warm-up + 4 timed steps
 fi
 if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT; fi
 {
@@ -84,6 +85,21 @@ if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT;
       python3 examples/bench/transformer_finetune.py --compare "$finetune/$lane.1.json" \
         "$finetune/$lane.2.json" --label "_${lane}_torch"
     done
+    echo "# hvd.ShardedOptimizer (stages 1, 2) vs DistributedOptimizer and torch's ZeroRedundancyOptimizer: a 109 M-parameter transformer, Adam, PyPI's torch"
+    sharded=$(mktemp -d build/sharded.XXXXXX)
+    modes=(distributed sharded1 sharded2 torch_zero)
+    for ((round = 1; round <= ROUNDS; round++)); do
+      nps="2"; ((round == 1)) && nps="1 2 4"   # bytes per rank at 1, 2, 4; speed at 2, every round
+      for np in $nps; do
+        for k in 0 1 2 3; do   # a different order each round
+          mode=${modes[$(((k + round) % 4))]}
+          mpirun -np "$np" --oversubscribe --bind-to none --map-by slot --mca mpi_yield_when_idle 1 \
+            .venv-pypi/bin/python examples/bench/sharded_memory.py --mode "$mode" "${SM[@]}" \
+            --out "$sharded/$mode.$np.$round.json" > "$sharded/$mode.$np.$round.log"
+        done
+      done
+    done
+    python3 examples/bench/sharded_memory.py --compare "$sharded"
     echo "# gradient readiness: post-accumulate-grad hooks (PyTorch 2.1+) vs accumulator hooks"
     "${MPIRUN[@]}" .venv-pypi/bin/python examples/bench/grad_hooks.py
     echo "# the same under plain mpirun -np 2 (default binding)"

@@ -247,6 +247,38 @@ TEST(Reducescatter, UnevenRowsSumAndAverageEveryNumericDtype) {
   }
 }
 
+// Buffers of 1 MiB and more take the MPI backend's ring (ops/mpi_backend.cc); uneven rows,
+// every numeric dtype, Sum and Average, against the same reference.
+TEST(Reducescatter, LargeBuffersUnevenRowsEveryNumericDtype) {
+  const int64_t rows = 2 * N() + 1, cols = int64_t{1} << 18;  // >= 1 MiB even for 1-byte types
+  const int64_t my_rows = 2 + (R() == 0 ? 1 : 0);
+  const int64_t first_row = R() == 0 ? 0 : 2 * R() + 1;
+  for (DataType t : kNumericTypes) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+      Buffer in(t, rows * cols), out(t, my_rows * cols);
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < cols; ++j) in.Set(i * cols + j, Cell(t, R(), i, j % kCols));
+      }
+      Status s = Reducescatter(in.View({rows, cols}), out.View({my_rows, cols}),
+                               std::string("rs.big.") + DataTypeName(t) + "." + ReduceOpName(op),
+                               {op});
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      for (int64_t i = 0; i < my_rows; ++i) {
+        for (int64_t j = 0; j < cols; j += 997) {  // a spread of columns in every row
+          const double want = RsExpected(t, first_row + i, j % kCols, op == ReduceOp::kAverage);
+          ASSERT_NEAR(out.Get(i * cols + j), want, Tolerance(t, want))
+              << DataTypeName(t) << " " << ReduceOpName(op) << " row " << i << " col " << j;
+        }
+        const int64_t last = cols - 1;
+        ASSERT_NEAR(out.Get(i * cols + last),
+                    RsExpected(t, first_row + i, last % kCols, op == ReduceOp::kAverage),
+                    Tolerance(t, RsExpected(t, first_row + i, last % kCols,
+                                            op == ReduceOp::kAverage)));
+      }
+    }
+  }
+}
+
 TEST(Reducescatter, FusedGroupedAndScaled) {
   // Three tensors of different heights in one group, with prescale 2 and postscale 0.5:
   // the factors cancel, so each output row is the plain sum.
