@@ -756,8 +756,7 @@ double ShardedOptimizer::ClipGradNorm(double max_norm, double norm_type) {
     if (inf) {
       local = std::max(local, d.abs().max().item<double>());
     } else {
-      local += std::pow(::torch::linalg::vector_norm(d, norm_type, {}, false, {}).item<double>(),
-                        norm_type);
+      local += d.abs().pow(norm_type).sum().item<double>();
     }
   }
   ReduceOptions o;

@@ -759,7 +759,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 whole = []
                 for old, s in enumerate(old_slices):
                     lo, hi = shard_range(b.length, old_size, old)
-                    whole.append(s[k] if s else torch.zeros(hi - lo, dtype=v.dtype))
+                    whole.append(s[k] if s else
+                                 torch.zeros(hi - lo, dtype=v.dtype, device=v.device))
                 out[k] = torch.cat(whole)[b.start:b.end].clone()
             else:
                 out[k] = v.clone() if torch.is_tensor(v) else copy.deepcopy(v)

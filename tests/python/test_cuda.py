@@ -112,3 +112,41 @@ def test_sync_batch_norm_on_cuda_matches_batch_norm_on_the_full_batch():
     assert torch.allclose(out.detach().cpu(), want.detach(), atol=1e-9)
     assert torch.allclose(sync.running_mean.cpu(), ref.running_mean, atol=1e-9)
     assert torch.allclose(sync.running_var.cpu(), ref.running_var, atol=1e-9)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_sharded_optimizer_on_cuda_matches_one_process_on_the_full_batch(stage):
+    """ShardedOptimizer with CUDA parameters: 5 Adam steps on each rank's part of the batch
+    equal 5 steps of one process on the full batch (computed here on the same GPU); a
+    consolidated state loads into the unsharded optimizer."""
+    device = _gpu_or_skip()
+    n, r = hvd.size(), hvd.rank()
+
+    def build():
+        torch.manual_seed(3)
+        return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(),
+                                   torch.nn.Linear(16, 3)).double().to(device)
+
+    g = torch.Generator().manual_seed(4)
+    data = [(torch.randn(4 * n, 6, generator=g).double().to(device),
+             torch.randint(0, 3, (4 * n,), generator=g).to(device)) for _ in range(5)]
+    ref, model = build(), build()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
+    opt = hvd.ShardedOptimizer(model.named_parameters(), torch.optim.Adam, stage=stage,
+                               lr=0.01, bucket_cap_mb=200 / 2 ** 20)
+    for x, y in data:
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[4 * r:4 * r + 4]), y[4 * r:4 * r + 4]).backward()
+        opt.clip_grad_norm_(1e9)
+        opt.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert p.device == device
+        assert torch.allclose(p, q, rtol=1e-9, atol=1e-11)
+    opt.consolidate_state_dict(to=None)
+    plain = torch.optim.Adam(build().parameters(), lr=0.5)
+    plain.load_state_dict(opt.state_dict())
+    for a, b in zip(plain.state_dict()["state"].values(), ref_opt.state_dict()["state"].values()):
+        assert torch.allclose(a["exp_avg"], b["exp_avg"], rtol=1e-9, atol=1e-12)
