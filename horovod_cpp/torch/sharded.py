@@ -34,7 +34,6 @@ shard and every rank skips the same steps. It costs one 4-byte allreduce per ste
 """
 import copy
 import math
-import pickle
 import socket
 import time
 
@@ -42,7 +41,8 @@ import torch
 
 from horovod_cpp.torch.functions import allgather_object
 from horovod_cpp.torch.mpi_ops import (Average, HorovodNotSupportedError, Max, Sum,
-                                       allgather_async, allreduce, allreduce_async_,
+                                       allgather, allgather_async, allreduce,
+                                       allreduce_async_,
                                        alltoall, grouped_allgather, poll, reducescatter_async,
                                        synchronize)
 from horovod_cpp.torch.optimizer import _POST_ACCUMULATE_GRAD_HOOK
@@ -652,45 +652,85 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """The number of the last commit this rank holds (-1 before the first)."""
         return self._commit_id
 
+    @staticmethod
+    def _pack(slices):
+        """{id: {key: value}} copied once into one byte buffer, and the header to read it back
+        with _unpack: the tensors' (dtype, shape, offset, bytes) and the other values as they
+        are. A commit keeps the buffer itself as its snapshot (_unpack gives views of it)."""
+        layout, values, tensors, total = {}, {}, [], 0
+        for i, st in slices.items():
+            for k, v in st.items():
+                if torch.is_tensor(v):
+                    t = v.detach().reshape(-1)
+                    nbytes = t.numel() * t.element_size()
+                    layout.setdefault(i, {})[k] = (v.dtype, tuple(v.shape), total, nbytes)
+                    tensors.append((t, total, nbytes))
+                    total += -(-nbytes // 8) * 8  # 8-byte aligned, so that views can be typed
+                else:
+                    values.setdefault(i, {})[k] = copy.deepcopy(v)
+        buffer = torch.empty(total, dtype=torch.uint8)
+        for t, offset, nbytes in tensors:
+            if nbytes:
+                buffer[offset:offset + nbytes].copy_(t.cpu().contiguous().view(torch.uint8))
+        return (layout, values, total), buffer
+
+    @staticmethod
+    def _unpack(header, buffer):
+        """{bucket: {key: value}} of a packed slice state; tensors are views of ``buffer``."""
+        layout, values, _ = header
+        out = {b: dict(v) for b, v in values.items()}
+        for b, entries in layout.items():
+            for k, (dtype, shape, offset, nbytes) in entries.items():
+                out.setdefault(b, {})[k] = buffer[offset:offset + nbytes].view(dtype).reshape(
+                    shape)
+        return out
+
     def _elastic_save(self, replicate=True):
         """Saves this rank's slice state as the point to roll back to. ``replicate``
         (collective): also sends it to its holder, keeps the slices it holds for others, and
         makes it the commit once every rank has its replicas."""
-        own = {b.index: {k: (v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v))
-                         for k, v in self._slice_state(b).items()} for b in self._buckets}
+        header, buffer = self._pack({b.index: self._slice_state(b) for b in self._buckets})
         record = {"id": self._commit_id + (1 if replicate else 0), "size": self._size,
                   "rank": self._rank, "hypers": copy.deepcopy(self._hyperparameters()),
-                  "slices": {self._rank: own}}
+                  "slices": {self._rank: self._unpack(header, buffer)}}
         if not replicate:
             self._committed = record
             return
         if self._size > 1:
+            # The layouts (small, pickled) to every rank, then the bytes to the holder alone.
             holder = self._elastic_holders()[self._rank]
-            payload = torch.frombuffer(bytearray(pickle.dumps(own, protocol=4)),
-                                       dtype=torch.uint8)
+            headers = allgather_object(header, name="sharded.replica.layout",
+                                       process_set=self.process_set)
             splits = torch.zeros(self._size, dtype=torch.int32)
-            splits[holder] = payload.numel()
-            received, counts = alltoall(payload, splits=splits, name="sharded.replica",
+            splits[holder] = buffer.numel()
+            received, counts = alltoall(buffer, splits=splits, name="sharded.replica",
                                         process_set=self.process_set)
             offset = 0
             for src, n in enumerate(counts.tolist()):
-                if n:
-                    record["slices"][src] = pickle.loads(
-                        received[offset:offset + n].numpy().tobytes())
-                    offset += n
+                if self._elastic_holders()[src] == self._rank and src != self._rank:
+                    record["slices"][src] = self._unpack(headers[src],
+                                                         received[offset:offset + n])
+                offset += n
         self._pending = record
         # Completes on a rank only once every rank has submitted it, i.e. has its replicas.
         allreduce(torch.zeros(1), op=Sum, name="sharded.commit", process_set=self.process_set)
         self._committed, self._pending = record, None
         self._commit_id = record["id"]
 
+    @staticmethod
+    def _copy_slices(slices):
+        """A copy of {bucket: {key: value}} (what the optimizer may change in place)."""
+        return {b: {k: (v.clone() if torch.is_tensor(v) else copy.deepcopy(v))
+                    for k, v in st.items()} for b, st in slices.items()}
+
     def _elastic_restore(self):
         """Rolls this rank's slice back to the last commit (the layout is the commit's: it
-        only changes in _elastic_reshard, which is followed by a commit)."""
+        only changes in _elastic_reshard, which is followed by a commit). The optimizer gets a
+        copy: PyTorch 2's load_state_dict keeps the tensors it is given."""
         record = self._committed
         if record is not None and record["size"] == self._size and \
                 record["rank"] == self._rank:
-            self._install(record["slices"][self._rank], record["hypers"])
+            self._install(self._copy_slices(record["slices"][self._rank]), record["hypers"])
 
     def _elastic_reshard(self, process_set=None):
         """Collective, on the re-formed job: agrees on the newest commit (``agreed_commit``),
@@ -737,11 +777,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
         me = self.process_set.rank()
         slices = {}
         for b in self._buckets:
-            part = {old: mine["slices"][old][b.index] for old, i in provider.items() if i == me}
-            pieces = {}
-            for gathered in allgather_object(part, name="sharded.reshard.%d" % b.index,
-                                             process_set=self.process_set):
-                pieces.update(gathered)
+            # The old slices this rank provides, as bytes (their layouts, small, pickled).
+            header, buffer = self._pack({old: mine["slices"][old].get(b.index, {})
+                                         for old, i in provider.items() if i == me})
+            headers = allgather_object(header, name="sharded.reshard.layout.%d" % b.index,
+                                       process_set=self.process_set)
+            gathered = allgather(buffer, name="sharded.reshard.%d" % b.index,
+                                 process_set=self.process_set)
+            pieces, offset = {}, 0
+            for h in headers:
+                pieces.update(self._unpack(h, gathered[offset:offset + h[2]]))
+                offset += h[2]
+            for old in range(old_size):
+                pieces.setdefault(old, {})
             st = self._reslice(b, [pieces[old] for old in range(old_size)], old_size)
             if st is not None:
                 slices[b.index] = st

@@ -47,6 +47,32 @@ def test_torch_state_restore_is_the_last_commit_exactly():
     state.restore()
     assert_same(snapshot(model, optimizer), committed)
     assert (state.epoch, state.batch) == (4, 0)
+    # A second failure before the next commit rolls back to the same commit: the steps after
+    # the first restore must not have changed what was committed (PyTorch 2's load_state_dict
+    # keeps the tensors it is given).
+    train_steps(model, optimizer, 2)
+    state.restore()
+    assert_same(snapshot(model, optimizer), committed)
+
+
+def test_sharded_state_restored_twice_is_the_last_commit_exactly():
+    model = make_model(0)
+    optimizer = hvd.ShardedOptimizer(model.named_parameters(), torch.optim.SGD, lr=0.1,
+                                     momentum=0.9)
+    state = hvd.elastic.TorchState(model, optimizer, epoch=3)
+    state.sync()
+    train_steps(model, optimizer, 2)
+    state.commit()
+    optimizer.consolidate_state_dict(to=None)
+    committed = ({k: v.clone() for k, v in model.state_dict().items()},
+                 {i: {k: v.clone() for k, v in s.items()}
+                  for i, s in optimizer.state_dict()["state"].items()})
+    for _ in range(2):
+        train_steps(model, optimizer, 3)
+        state.restore()
+        optimizer.consolidate_state_dict(to=None)
+        now = (model.state_dict(), optimizer.state_dict()["state"])
+        assert_same(now, committed)
 
 
 def test_sync_gives_every_rank_rank0s_state():

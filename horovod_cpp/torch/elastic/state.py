@@ -147,7 +147,9 @@ class TorchState(ObjectState):
         if self._sharded():
             self.optimizer._elastic_restore()
         elif self.optimizer is not None:
-            self.optimizer.load_state_dict(self._saved_optimizer_state)
+            # A copy: PyTorch 2's load_state_dict keeps the tensors it is given as the state,
+            # which the next steps would then change under the commit.
+            self.optimizer.load_state_dict(copy.deepcopy(self._saved_optimizer_state))
         self._restore_model_and_objects()
 
     def sync(self):
