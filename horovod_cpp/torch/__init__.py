@@ -31,6 +31,7 @@ from horovod_cpp.torch.mpi_ops import (Adasum, Average, HorovodInternalError,
                                        stop_timeline, synchronize)
 from horovod_cpp.torch.optimizer import DistributedOptimizer
 from horovod_cpp.torch.sharded import ShardedOptimizer
+from horovod_cpp.torch.sharded_model import shard_model, sharding_of
 from horovod_cpp.torch.process_sets import (ProcessSet, add_process_set, global_process_set,
                                             remove_process_set)
 from horovod_cpp.torch.sync_batch_norm import SyncBatchNorm
@@ -52,6 +53,6 @@ __all__ = [
     "stop_timeline", "HorovodInternalError", "HorovodNotSupportedError",
     "HorovodPreconditionError", "Compression", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object", "DistributedOptimizer",
-    "ShardedOptimizer",
+    "ShardedOptimizer", "shard_model", "sharding_of",
     "SyncBatchNorm", "elastic", "HostsUpdatedInterrupt",
 ]

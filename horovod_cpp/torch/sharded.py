@@ -66,6 +66,46 @@ def shard_range(length, size, rank):
     return start, start + base + (1 if rank < rem else 0)
 
 
+def nonfinite_flag_grad(grads, process_set, name):
+    """Collective: the gradient of the optimizer's 1-element finite flag: +inf when any rank's
+    ``grads`` (its slices) hold a non-finite value, 0 otherwise (one 4-byte allreduce)."""
+    nonfinite = False
+    for g in grads:
+        if g is not None and g.numel():
+            # One pass: a non-finite element makes the sum non-finite (summed in fp32 at
+            # least, so that finite half-precision values cannot overflow it).
+            total = g.sum(dtype=torch.float32 if g.element_size() < 4 else g.dtype)
+            if not bool(torch.isfinite(total)):
+                nonfinite = True
+                break
+    flag = allreduce(torch.tensor([1.0 if nonfinite else 0.0]), op=Max, name=name,
+                     process_set=process_set)
+    return torch.full((1,), math.inf) if flag.item() > 0 else torch.zeros(1)
+
+
+def clip_slices_by_global_norm(grads, max_norm, norm_type, process_set, name):
+    """Collective: clips every rank's gradient slices by the norm of the whole gradient (as
+    torch.nn.utils.clip_grad_norm_ would, unsharded) and returns that norm."""
+    norm_type = float(norm_type)
+    grads = [g for g in grads if g is not None]
+    if norm_type == math.inf:
+        local = max([float(g.abs().max()) for g in grads if g.numel()] or [0.0])
+        total = allreduce(torch.tensor([local], dtype=torch.float64), op=Max, name=name,
+                          process_set=process_set)[0]
+    else:
+        local = sum(float(torch.linalg.vector_norm(g.double(), norm_type)) ** norm_type
+                    for g in grads if g.numel())
+        total = allreduce(torch.tensor([local], dtype=torch.float64), op=Sum, name=name,
+                          process_set=process_set)[0]
+        total = total ** (1.0 / norm_type)
+    coef = float(max_norm) / (float(total) + 1e-6)
+    if coef < 1.0:
+        for g in grads:
+            g.mul_(coef)
+    dtypes = {g.dtype for g in grads}
+    return total.to(dtypes.pop() if len(dtypes) == 1 else torch.float32)
+
+
 class _Bucket(object):
     """Parameters of one group, dtype and device, flattened into one buffer."""
 
@@ -104,7 +144,7 @@ class _Bucket(object):
         return flat[off:off + p.numel()].view_as(p)
 
 
-def _is_element_state(value, shard):
+def is_element_state(value, shard):
     """State that has one value per element of the slice (momentum, exp_avg), as opposed to
     scalars (Adam's step)."""
     return torch.is_tensor(value) and value.dim() == 1 and value.shape == shard.shape
@@ -118,11 +158,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
     (dicts whose ``params`` are either). ``defaults`` go to ``optimizer_class``.
     """
 
+    def __new__(cls, params=None, optimizer_class=None, stage=2, *args, **kwargs):
+        if stage == 3:
+            # Stage 3 steps the slices of a model given to hvd.shard_model.
+            from horovod_cpp.torch.sharded_model import FullyShardedOptimizer
+            return FullyShardedOptimizer(params, optimizer_class, stage, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, params, optimizer_class, stage=2, process_set=global_process_set,
                  backward_passes_per_step=1, op=Average, bucket_cap_mb=25, **defaults):
         if stage not in (1, 2):
-            raise ValueError("stage must be 1 (optimizer state sharded) or 2 (gradients too), "
-                             "got %r" % (stage,))
+            raise ValueError("stage must be 1 (optimizer state sharded), 2 (gradients too) or "
+                             "3 (parameters too: hvd.shard_model), got %r" % (stage,))
         if backward_passes_per_step <= 0:
             raise ValueError("backward_passes_per_step must be > 0")
         if op not in (Average, Sum):
@@ -357,7 +404,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 self._launch(b)
             while b.launched < want:
                 self._launch(b)
-        nonfinite = False
         self._drain(wait=True)
         for b in self._buckets:
             if self.stage == 1:
@@ -365,18 +411,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
             else:
                 b.shard.grad, b.reduced = b.reduced, None
             b.launched = 0
-            g = b.shard.grad
-            if g.numel() and not nonfinite:
-                # One pass: a non-finite element makes the sum non-finite (summed in fp32 at
-                # least, so that finite half-precision values cannot overflow it).
-                total = g.sum(dtype=torch.float32 if g.element_size() < 4 else g.dtype)
-                nonfinite = not bool(torch.isfinite(total))
         for p in self._passes:
             self._passes[p] = 0
-        flag = allreduce(torch.tensor([1.0 if nonfinite else 0.0]), op=Max,
-                         name="sharded.nonfinite", process_set=self.process_set)
-        self._finite_flag.grad = torch.full((1,), math.inf) if flag.item() > 0 \
-            else torch.zeros(1)
+        self._finite_flag.grad = nonfinite_flag_grad(
+            [b.shard.grad for b in self._buckets], self.process_set, "sharded.nonfinite")
         self._in_flight = False
         self._reduced = True
 
@@ -430,24 +468,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """Clips the gradients of every shard by their global norm (the norm of the whole,
         unsharded gradient), as torch.nn.utils.clip_grad_norm_ would; returns that norm."""
         self._finish_reductions()
-        norm_type = float(norm_type)
-        grads = [b.shard.grad for b in self._buckets if b.shard.grad is not None]
-        if norm_type == math.inf:
-            local = max([float(g.abs().max()) for g in grads if g.numel()] or [0.0])
-            total = allreduce(torch.tensor([local], dtype=torch.float64), op=Max,
-                              name="sharded.clip", process_set=self.process_set)[0]
-        else:
-            local = sum(float(torch.linalg.vector_norm(g.double(), norm_type)) ** norm_type
-                        for g in grads if g.numel())
-            total = allreduce(torch.tensor([local], dtype=torch.float64), op=Sum,
-                              name="sharded.clip", process_set=self.process_set)[0]
-            total = total ** (1.0 / norm_type)
-        coef = float(max_norm) / (float(total) + 1e-6)
-        if coef < 1.0:
-            for g in grads:
-                g.mul_(coef)
-        dtypes = {g.dtype for g in grads}
-        return total.to(dtypes.pop() if len(dtypes) == 1 else torch.float32)
+        return clip_slices_by_global_norm([b.shard.grad for b in self._buckets], max_norm,
+                                          norm_type, self.process_set, "sharded.clip")
 
     # ---- step -----------------------------------------------------------------------------
 
@@ -506,7 +528,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """{key: (per-element?, value)} of bucket b: per-element state as the full flat tensor
         gathered from every rank's slice, scalars (Adam's step) as they are."""
         st = self._slice_state(b)
-        keys = sorted(k for k, v in st.items() if _is_element_state(v, b.shard))
+        keys = sorted(k for k, v in st.items() if is_element_state(v, b.shard))
         full = {k: (False, v) for k, v in st.items() if k not in keys}
         if keys:
             gathered = grouped_allgather([st[k].detach() for k in keys],

@@ -1,0 +1,275 @@
+"""Stage 3 (hvd.shard_model + ShardedOptimizer(stage=3)): the parameters sharded too.
+
+N ranks, each on 1/N of the batch, must match DistributedOptimizer on the same data and one
+process on the full batch (plain torch, computed here): with tied weights, a frozen embedding,
+a module called twice, clipping and gradient accumulation. A rank that skips a unit must end
+as an error on every rank, not a hang."""
+import re
+
+import pytest
+import torch
+
+import horovod_cpp.torch as hvd
+
+VOCAB, DIM, SEQ, PER_RANK = 11, 8, 5, 2
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(DIM)
+        self.up = torch.nn.Linear(DIM, 2 * DIM)
+        self.down = torch.nn.Linear(2 * DIM, DIM)
+
+    def forward(self, x):
+        return x + self.down(torch.tanh(self.up(self.norm(x))))
+
+
+class TinyLM(torch.nn.Module):
+    """Embedding -> blocks -> norm -> head; the head's weight tied to the embedding's
+    (``tied``); ``reuse`` runs the first block twice."""
+
+    def __init__(self, blocks=3, tied=True, frozen_embedding=False, reuse=False):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, DIM)
+        self.blocks = torch.nn.ModuleList([Block() for _ in range(blocks)])
+        self.norm = torch.nn.LayerNorm(DIM)
+        self.head = torch.nn.Linear(DIM, VOCAB, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+        if frozen_embedding:
+            self.embed.weight.requires_grad_(False)
+        self.reuse = reuse
+
+    def forward(self, ids, skip=None):
+        x = self.embed(ids)
+        for i, block in enumerate(self.blocks):
+            if i != skip:
+                x = block(x)
+        if self.reuse:
+            x = self.blocks[0](x)
+        return self.head(self.norm(x))
+
+
+def make_model(dtype=torch.float32, **kw):
+    torch.manual_seed(5)
+    return TinyLM(**kw).to(dtype)
+
+
+def batches(steps, micro, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    total = hvd.size() * PER_RANK
+    return [[(torch.randint(0, VOCAB, (total, SEQ), generator=g),
+              torch.randint(0, VOCAB, (total, SEQ), generator=g)) for _ in range(micro)]
+            for _ in range(steps)]
+
+
+def mine(x):
+    return x[hvd.rank() * PER_RANK:(hvd.rank() + 1) * PER_RANK]
+
+
+def loss_fn(model, ids, targets):
+    return torch.nn.functional.cross_entropy(model(ids).reshape(-1, VOCAB), targets.reshape(-1))
+
+
+OPTIMIZERS = {
+    "sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01)),
+    "adamw": (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1)),
+}
+
+
+def trainable(model):
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def train_reference(kind, data, max_norm=None, **model_kw):
+    """One process on the full batch."""
+    model = make_model(**model_kw)
+    cls, kw = OPTIMIZERS[kind]
+    opt = cls(trainable(model), **kw)
+    for micro in data:
+        opt.zero_grad()
+        for ids, targets in micro:
+            (loss_fn(model, ids, targets) / len(micro)).backward()
+        if max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(trainable(model), max_norm)
+        opt.step()
+    return model, opt
+
+
+def train_distributed(kind, data, **model_kw):
+    """DistributedOptimizer on this rank's part of every batch."""
+    model = make_model(**model_kw)
+    cls, kw = OPTIMIZERS[kind]
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    opt = hvd.DistributedOptimizer(cls([p for _, p in named], **kw), named_parameters=named)
+    for micro in data:
+        opt.zero_grad()
+        for ids, targets in micro:
+            loss_fn(model, mine(ids), mine(targets)).backward()
+        opt.step()
+    return model
+
+
+def train_stage3(kind, data, max_norm=None, auto_wrap=(Block,), **model_kw):
+    model = make_model(**model_kw)
+    hvd.shard_model(model, auto_wrap=set(auto_wrap) if auto_wrap else None,
+                    backward_passes_per_step=len(data[0]))
+    cls, kw = OPTIMIZERS[kind]
+    opt = hvd.ShardedOptimizer([(n, p) for n, p in model.named_parameters()
+                                if p.requires_grad], cls, stage=3, **kw)
+    for micro in data:
+        opt.zero_grad()
+        for ids, targets in micro:
+            (loss_fn(model, mine(ids), mine(targets)) / len(micro)).backward()
+        if max_norm is not None:
+            opt.clip_grad_norm_(max_norm)
+        opt.step()
+    return model, opt
+
+
+def full_parameters(model):
+    return hvd.sharding_of(model).state_dict(to=None)
+
+
+def assert_parameters_close(state, reference, rtol=1e-5, atol=1e-6):
+    ref = reference.state_dict()
+    assert sorted(state) == sorted(ref)
+    for k in ref:
+        torch.testing.assert_close(state[k], ref[k], rtol=rtol, atol=atol, msg=k)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_20_steps_match_distributed_optimizer_and_one_process(kind):
+    data = batches(20, 1)
+    model, _ = train_stage3(kind, data)
+    state = full_parameters(model)
+    assert_parameters_close(state, train_distributed(kind, data))
+    assert_parameters_close(state, train_reference(kind, data)[0])
+
+
+def test_tied_weight_is_one_parameter_in_the_root():
+    model = make_model()
+    hvd.shard_model(model, auto_wrap={Block})
+    sharding = hvd.sharding_of(model)
+    (flat, _), = [sharding.flat_of[model.embed.weight]]
+    assert model.head.weight is model.embed.weight
+    assert flat.unit.index == 0  # used by two modules of the root: owned by the root
+    owners = {sharding.names[p]: sharding.flat_of[p][0].unit.name for p in sharding.flat_of}
+    assert owners["blocks.1.up.weight"] == "blocks.1"
+    assert owners["norm.weight"] == ""
+    assert len(sharding.flat_of) == len(list(make_model().parameters()))
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_frozen_embedding(kind):
+    data = batches(6, 1)
+    model, _ = train_stage3(kind, data, tied=False, frozen_embedding=True)
+    reference, _ = train_reference(kind, data, tied=False, frozen_embedding=True)
+    state = full_parameters(model)
+    assert_parameters_close(state, reference)
+    torch.testing.assert_close(state["embed.weight"], make_model(tied=False).embed.weight.detach())
+
+
+def test_a_module_called_twice():
+    data = batches(6, 1)
+    model, _ = train_stage3("adamw", data, reuse=True)
+    assert_parameters_close(full_parameters(model), train_reference("adamw", data, reuse=True)[0])
+
+
+@pytest.mark.parametrize("max_norm", [None, 0.5])
+def test_accumulation_and_clipping_match_one_process(max_norm):
+    data = batches(5, 2)
+    model, _ = train_stage3("adamw", data, max_norm=max_norm)
+    reference, _ = train_reference("adamw", data, max_norm=max_norm)
+    assert_parameters_close(full_parameters(model), reference)
+
+
+def test_whole_model_one_unit_and_every_block_its_own():
+    data = batches(4, 1)
+    reference, _ = train_reference("sgd", data)
+    for auto_wrap in (None, (Block, torch.nn.Linear)):
+        model, _ = train_stage3("sgd", data, auto_wrap=auto_wrap)
+        assert_parameters_close(full_parameters(model), reference)
+
+
+def test_parameters_hold_no_data_outside_forward_and_eval_matches():
+    model, _ = train_stage3("sgd", batches(3, 1))
+    reference, _ = train_reference("sgd", batches(3, 1))
+    assert all(p.numel() == 0 for p in model.parameters())
+    ids = batches(1, 1, seed=9)[0][0][0]
+    model.eval()
+    reference.eval()
+    with torch.no_grad():
+        out = model(ids)
+    torch.testing.assert_close(out, reference(ids), rtol=1e-5, atol=1e-6)
+    assert all(p.numel() == 0 for p in model.parameters())
+    sharding = hvd.sharding_of(model)
+    total = sum(p.numel() for p in reference.parameters()) * 4
+    held = sharding.held_bytes()["parameters"]
+    # This rank's slices only (each flat split evenly, give or take one element).
+    assert held <= total / hvd.size() + 4 * len(sharding.flats)
+
+
+def test_consolidated_optimizer_state_equals_the_unsharded_one_and_loads():
+    data = batches(4, 1)
+    model, opt = train_stage3("adamw", data)
+    reference, ref_opt = train_reference("adamw", data)
+    opt.consolidate_state_dict(to=None)
+    sd, ref_sd = opt.state_dict(), ref_opt.state_dict()
+    assert sd["param_groups"][0]["params"] == ref_sd["param_groups"][0]["params"]
+    assert sorted(sd["state"]) == sorted(ref_sd["state"])
+    for i, entry in ref_sd["state"].items():
+        for k, v in entry.items():
+            torch.testing.assert_close(torch.as_tensor(sd["state"][i][k]).to(torch.as_tensor(v)),
+                                       torch.as_tensor(v), rtol=1e-5, atol=1e-7)
+    # The unsharded optimizer takes it; a new sharded pair takes both states and continues
+    # as the reference does.
+    torch.optim.AdamW(trainable(make_model()), lr=0.01).load_state_dict(sd)
+    more = batches(3, 1, seed=21)
+    fresh = make_model()
+    hvd.shard_model(fresh, auto_wrap={Block})
+    hvd.sharding_of(fresh).load_state_dict(full_parameters(model))
+    fresh_opt = hvd.ShardedOptimizer(fresh.named_parameters(), torch.optim.AdamW, stage=3,
+                                     lr=0.01, weight_decay=0.1)
+    fresh_opt.load_state_dict(sd)
+    for micro in more:
+        fresh_opt.zero_grad()
+        ref_opt.zero_grad()
+        for ids, targets in micro:
+            loss_fn(fresh, mine(ids), mine(targets)).backward()
+            loss_fn(reference, ids, targets).backward()
+        fresh_opt.step()
+        ref_opt.step()
+    assert_parameters_close(full_parameters(fresh), reference)
+
+
+def test_stage3_needs_a_sharded_model():
+    model = make_model()
+    with pytest.raises(ValueError, match="shard_model"):
+        hvd.ShardedOptimizer(model.named_parameters(), torch.optim.SGD, stage=3, lr=0.1)
+
+
+@pytest.mark.skipif("hvd.size() < 2")
+def test_a_rank_that_skips_a_unit_is_an_error_on_every_rank():
+    model = make_model()
+    hvd.shard_model(model, auto_wrap={Block})
+    ids, targets = batches(1, 1)[0][0]
+    # A first step as every rank does it, so the prefetch order is known.
+    loss_fn(model, mine(ids), mine(targets)).backward()
+    hvd.sharding_of(model).finish_reductions()
+    hvd.sharding_of(model).zero_grad()
+    with pytest.raises(hvd.HorovodInternalError) as error:
+        skip = 1 if hvd.rank() == 0 else None
+        out = model(mine(ids), skip=skip)
+        torch.nn.functional.cross_entropy(out.reshape(-1, VOCAB),
+                                          mine(targets).reshape(-1)).backward()
+        hvd.sharding_of(model).finish_reductions()
+    assert "deadlock" in str(error.value)
+    # Rank 0 runs blocks.2 second where the others run it third: each waits for its own, and
+    # the error says so on every rank.
+    message = str(error.value)
+    assert re.search(r"rank 0 waits for allgather '[a-z.]*sharded3\.gather\.blocks\.2\.\d+\.f2'",
+                     message), message
+    assert re.search(r"rank 1 waits for allgather '[a-z.]*sharded3\.gather\.blocks\.2\.\d+\.f3'",
+                     message), message
