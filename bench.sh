@@ -2,8 +2,8 @@
 # Every performance figure in one command: install what is missing, build, then run the
 # benchmarks in examples/bench/ on 2 ranks. Each figure is one line
 #   FIGURE <id> name=... p50_ms=... p90_ms=... baseline=... ratio=... target=... met=yes|no|n/a
-# where ratio is against a baseline measured in the same run. About 22 minutes on 2 cores,
-# 10 of them across test hosts, 6 for the sharded optimizer's figures.
+# where ratio is against a baseline measured in the same run. About 27 minutes on 2 cores,
+# 10 of them across test hosts, 6 for the sharded optimizer's figures, ~5 for stage 3's.
 #   ./bench.sh                 all figures (allreduce over shared memory, TCP and test hosts,
 #                              timeline overhead, training throughput vs DDP, Gloo vs MPI)
 #   ./bench.sh --quick         fewer repetitions (noisier)
@@ -100,6 +100,21 @@ if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT;
       done
     done
     python3 examples/bench/sharded_memory.py --compare "$sharded"
+    echo "# stage 3 (hvd.shard_model) vs DistributedOptimizer and torch FSDP (FULL_SHARD, gloo): the same transformer, AdamW, PyPI's torch"
+    sharded3=$(mktemp -d build/sharded3.XXXXXX)
+    modes3=(distributed sharded3 torch_fsdp)
+    for ((round = 1; round <= ROUNDS; round++)); do
+      nps="2"; ((round == 1)) && nps="1 2 4"
+      for np in $nps; do
+        for k in 0 1 2; do
+          mode=${modes3[$(((k + round) % 3))]}
+          mpirun -np "$np" --oversubscribe --bind-to none --map-by slot --mca mpi_yield_when_idle 1 \
+            .venv-pypi/bin/python examples/bench/sharded_memory.py --mode "$mode" "${SM[@]}" \
+            --optimizer adamw --out "$sharded3/$mode.$np.$round.json" > "$sharded3/$mode.$np.$round.log"
+        done
+      done
+    done
+    python3 examples/bench/sharded_memory.py --compare "$sharded3"
     echo "# gradient readiness: post-accumulate-grad hooks (PyTorch 2.1+) vs accumulator hooks"
     "${MPIRUN[@]}" .venv-pypi/bin/python examples/bench/grad_hooks.py
     echo "# the same under plain mpirun -np 2 (default binding)"

@@ -1,11 +1,14 @@
 """Bytes per rank and throughput of hvd.ShardedOptimizer (stages 1 and 2) against
 hvd.DistributedOptimizer and torch's ZeroRedundancyOptimizer (with DDP on gloo, as torch runs
-it), on a transformer-shaped model of ~110 M parameters with Adam, random data.
+it), and of stage 3 (hvd.shard_model, every encoder layer a unit) against torch's FSDP
+(FULL_SHARD, gloo, CPU, the same units), on a transformer-shaped model of ~110 M parameters
+with Adam (--optimizer adamw: AdamW), random data.
 
     mpirun -np N python examples/bench/sharded_memory.py --mode MODE --out DIR/MODE.N.R.json
     python3 examples/bench/sharded_memory.py --compare DIR
 
-MODE: distributed, sharded1, sharded2 or torch_zero; one process per rank and mode, so that
+MODE: distributed, sharded1, sharded2, torch_zero, sharded3 or torch_fsdp; one process per
+rank and mode, so that
 each mode's peak RSS is its own. Each run takes --warmup steps (the first ones allocate and
 page in what later steps reuse) and --steps timed steps, then
 counts what rank 0 holds, from the tensors: the parameters, the gradients (after the step, as
@@ -18,6 +21,10 @@ bench.sh run; the median over its rounds):
   S5  samples/s, stage 2 / DistributedOptimizer at np 2 (target >= 0.95)
   S6  samples/s, stage 1 / torch ZeRO at np 2 (target >= 1.0)
   S7  samples/s, stage 2 / torch ZeRO at np 2 (target >= 1.0)
+  S8  bytes held per rank, stage 3 / DistributedOptimizer at the largest np (target <= 0.30)
+  S9  samples/s, stage 3 / DistributedOptimizer at np 2 (target >= 0.85)
+  S10 bytes held per rank, stage 3 / torch FSDP at the largest np (no target)
+  S11 samples/s, stage 3 / torch FSDP at np 2 (no target)
 and a table of every (np, mode). Every mode takes the same steps from the same weights on the
 same data, so the final parameters must agree (checked: a mismatch exits 1).
 """
@@ -31,7 +38,7 @@ import statistics
 import sys
 import time
 
-MODES = ("distributed", "sharded1", "sharded2", "torch_zero")
+MODES = ("distributed", "sharded1", "sharded2", "torch_zero", "sharded3", "torch_fsdp")
 
 
 def tensor_bytes(tensors):
@@ -58,15 +65,32 @@ def measure(args):
     model = make_encoder(vocab=args.vocab, hidden=args.hidden, layers=args.layers,
                          heads=args.heads, ffn=args.ffn, seq=args.seq)
     params = sum(p.numel() for p in model.parameters())
+    adam = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.Adam
     dist = None
+    layer = torch.nn.TransformerEncoderLayer
     if args.mode == "distributed":
-        opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr),
+        opt = hvd.DistributedOptimizer(adam(model.parameters(), lr=args.lr),
                                        named_parameters=model.named_parameters())
         run = model
-    elif args.mode in ("sharded1", "sharded2"):
-        opt = hvd.ShardedOptimizer(model.named_parameters(), torch.optim.Adam,
+    elif args.mode in ("sharded1", "sharded2", "sharded3"):
+        if args.mode == "sharded3":
+            hvd.shard_model(model, auto_wrap={layer})
+        opt = hvd.ShardedOptimizer(model.named_parameters(), adam,
                                    stage=int(args.mode[-1]), lr=args.lr)
         run = model
+    elif args.mode == "torch_fsdp":
+        import functools
+        import torch.distributed as dist
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port,
+                                rank=rank, world_size=size)
+        run = FullyShardedDataParallel(
+            model, sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=None,
+            auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
+                                               transformer_layer_cls={layer}))
+        opt = adam(run.parameters(), lr=args.lr)
     else:
         import torch.distributed as dist
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -75,8 +99,7 @@ def measure(args):
                                 rank=rank, world_size=size)
         run = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True) \
             if size > 1 else model
-        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
-                                      lr=args.lr)
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=adam, lr=args.lr)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own shard of the batch
     data = [(torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen),
              torch.randint(0, 2, (args.batch,), generator=gen))
@@ -100,10 +123,18 @@ def measure(args):
         held = opt.held_bytes()
     else:
         inner = opt.optim if args.mode == "torch_zero" else opt
-        held = {"parameters": tensor_bytes(model.parameters()),
-                "gradients": tensor_bytes(p.grad for p in model.parameters()),
+        held = {"parameters": tensor_bytes(run.parameters()),
+                "gradients": tensor_bytes(p.grad for p in run.parameters()),
                 "optimizer_state": state_bytes(inner.state)}
-    checksum = float(sum(p.detach().double().abs().sum() for p in model.parameters()))
+    if args.mode == "sharded3":
+        whole = hvd.sharding_of(model).gathered()
+    elif args.mode == "torch_fsdp":
+        whole = run.summon_full_params(run)
+    else:
+        import contextlib
+        whole = contextlib.nullcontext()
+    with whole:
+        checksum = float(sum(p.detach().double().abs().sum() for p in model.parameters()))
     result = dict(mode=args.mode, np=size, params=params, steps=args.steps, seconds=seconds,
                   samples_per_s=args.steps * args.batch * size / seconds,
                   held=sum(held.values()), peak_rss=resource.getrusage(
@@ -188,6 +219,13 @@ def compare(args):
            "samples_per_s", 1.0, False)
     figure("S7", "sharded2_vs_torch_zero_samples_per_s", "sharded2", "torch_zero",
            "samples_per_s", 1.0, False)
+    figure("S8", "sharded3_bytes_per_rank", "sharded3", "distributed", "held", 0.30, True)
+    figure("S9", "sharded3_samples_per_s", "sharded3", "distributed", "samples_per_s", 0.85,
+           False)
+    figure("S10", "sharded3_vs_torch_fsdp_bytes_per_rank", "sharded3", "torch_fsdp", "held",
+           None, True)
+    figure("S11", "sharded3_vs_torch_fsdp_samples_per_s", "sharded3", "torch_fsdp",
+           "samples_per_s", None, False)
     return failed
 
 
@@ -204,6 +242,7 @@ def main():
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--ffn", type=int, default=3072)
     p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--optimizer", choices=("adam", "adamw"), default="adam")
     p.add_argument("--port", type=int, default=29531, help="gloo rendezvous port (torch_zero)")
     p.add_argument("--out", help="write rank 0's figures here (JSON)")
     p.add_argument("--compare", metavar="DIR", help="print the FIGURE lines from DIR/*.json")

@@ -211,6 +211,47 @@ def test_parameters_hold_no_data_outside_forward_and_eval_matches():
     assert held <= total / hvd.size() + 4 * len(sharding.flats)
 
 
+def test_only_the_running_unit_and_the_next_are_whole_in_forward_and_backward():
+    """Stage 3's point: while a block runs, the other blocks' parameters hold no memory (at most
+    the running unit, the root and one prefetched unit are gathered)."""
+    model = make_model(blocks=4)
+    hvd.shard_model(model, auto_wrap={Block})
+    sharding = hvd.sharding_of(model)
+    seen = []
+
+    def gathered_now(*ignore):
+        seen.append(sorted(u.name for u in sharding.units if u.gathered or u.handles))
+
+    def on_output(module, inputs, output):  # runs after shard_model's hooks, in both passes
+        output.register_hook(gathered_now)
+
+    ids, targets = batches(1, 1)[0][0]
+    loss_fn(model, mine(ids), mine(targets)).backward()  # a first step: the order is known
+    sharding.finish_reductions()
+    sharding.zero_grad()
+    for block in model.blocks:
+        block.register_forward_pre_hook(gathered_now)
+        block.register_forward_hook(on_output)
+    loss_fn(model, mine(ids), mine(targets)).backward()
+    sharding.finish_reductions()
+    assert len(seen) == 8, seen
+    for names in seen:
+        assert len([n for n in names if n.startswith("blocks.")]) <= 2, seen
+    # Forward: block i running, block i + 1 prefetched; backward: block i, block i - 1.
+    assert seen[0] == ["", "blocks.0", "blocks.1"], seen
+    assert seen[3] == ["", "blocks.3"], seen
+    assert seen[4] == ["", "blocks.2", "blocks.3"], seen
+    assert seen[7] == ["", "blocks.0"], seen
+    assert not any(u.gathered or u.handles for u in sharding.units)
+    stored = sum(f.full.numel() and _bytes(f.full) for f in sharding.flats)
+    assert stored == 0
+
+
+def _bytes(t):
+    s = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+    return s.nbytes() if hasattr(s, "nbytes") else s.size() * t.element_size()
+
+
 def test_consolidated_optimizer_state_equals_the_unsharded_one_and_loads():
     data = batches(4, 1)
     model, opt = train_stage3("adamw", data)
