@@ -500,6 +500,30 @@ class ShardedModel(object):
         with self.gathered(writeback=True):
             return self.model.load_state_dict(state_dict, strict=strict)
 
+    def sharded_state_dict(self):
+        """This rank's slices of the parameters (no communication): save one per rank;
+        ``load_sharded_state_dict`` takes every rank's at any world size."""
+        return {"world_size": self.size, "rank": self.rank, "flats": [
+            {"names": list(f.names), "length": f.length, "start": f.start, "end": f.end,
+             "shard": f.shard.detach().cpu().clone()} for f in self.flats]}
+
+    def load_sharded_state_dict(self, saved):
+        """Loads the slices that ``sharded_state_dict`` gave on every rank of a job of any
+        size (``saved``: all of them, in any order); each rank copies the ranges of its own
+        slices from the saved slices that overlap them."""
+        saved = _check_saved_ranks(saved, "sharded_state_dict")
+        with torch.no_grad():
+            for i, f in enumerate(self.flats):
+                for sd in saved:
+                    entry = sd["flats"][i] if i < len(sd["flats"]) else None
+                    if entry is None or entry["names"] != f.names or \
+                            entry["length"] != f.length:
+                        raise ValueError("load_sharded_state_dict: the saved model's layout "
+                                         "differs from this one's at %s (same model, same "
+                                         "auto_wrap?)" % f.label)
+                    _copy_overlap(f.shard, f.start, f.end, entry["shard"], entry["start"],
+                                  entry["end"])
+
     def held_bytes(self):
         """{'parameters', 'gradients'}: bytes this rank holds now, counted from the tensors."""
         params = sum(f.shard.numel() * f.shard.element_size() + _storage_bytes(f.full)
@@ -516,6 +540,25 @@ class ShardedModel(object):
             if hasattr(h, "remove"):
                 h.remove()
         self._hooks = []
+
+
+def _check_saved_ranks(saved, what):
+    """The saved per-rank dicts, sorted by rank, checked to be one whole job's."""
+    saved = sorted(saved, key=lambda sd: sd["rank"])
+    sizes = {sd["world_size"] for sd in saved}
+    if len(sizes) != 1 or [sd["rank"] for sd in saved] != list(range(sizes.pop())):
+        raise ValueError("%s: give the dicts of every rank of the saved job (got ranks %s of "
+                         "world sizes %s)" % (what, [sd["rank"] for sd in saved],
+                                              sorted({sd["world_size"] for sd in saved})))
+    return saved
+
+
+def _copy_overlap(dst, dst_start, dst_end, src, src_start, src_end):
+    """Copies the part of src (the range [src_start, src_end) of a flat buffer) that overlaps
+    dst (the range [dst_start, dst_end) of the same buffer) into dst."""
+    lo, hi = max(dst_start, src_start), min(dst_end, src_end)
+    if lo < hi:
+        dst[lo - dst_start:hi - dst_start].copy_(src[lo - src_start:hi - src_start])
 
 
 def _tensors(output):
@@ -780,6 +823,64 @@ class FullyShardedOptimizer(torch.optim.Optimizer):
         inner["state"] = new_state
         for ig, g in zip(inner["param_groups"], groups):
             ig.update({k: v for k, v in g.items() if k != "params"})
+        self.optim.load_state_dict(inner)
+        self.param_groups = self.optim.param_groups
+        self.state = self.optim.state
+        self._consolidated = None
+        self.zero_grad()
+
+    def sharded_state_dict(self):
+        """This rank's part of the optimizer state (no communication): per flat buffer, each
+        per-element state over this rank's slice, and per parameter its scalar state (Adam's
+        step); save one per rank, ``load_sharded_state_dict`` takes every rank's at any world
+        size."""
+        index = self._param_index()
+        flats, scalars = {}, {}
+        for pieces in self._pieces:
+            for pc in pieces:
+                st = self.optim.state.get(pc.tensor, {}) if pc.tensor is not None else {}
+                f = pc.flat
+                for k, v in st.items():
+                    if is_element_state(v, pc.tensor):
+                        local = flats.setdefault(f.index, {}).setdefault(
+                            k, torch.zeros(f.end - f.start, dtype=v.dtype))
+                        local[pc.lo:pc.hi].copy_(v)
+                    else:
+                        scalars.setdefault(index[pc.param], {})[k] = \
+                            v.clone() if torch.is_tensor(v) else v
+        return {"world_size": self.sharding.size, "rank": self.sharding.rank,
+                "ranges": [(f.start, f.end) for f in self.sharding.flats], "flats": flats,
+                "scalars": scalars, "param_groups": [
+                    {k: v for k, v in g.items() if k != "params"} for g in self.param_groups]}
+
+    def load_sharded_state_dict(self, saved):
+        """Loads the state that ``sharded_state_dict`` gave on every rank of a job of any size
+        (``saved``: all of them); each rank keeps the parts of its slice."""
+        saved = _check_saved_ranks(saved, "sharded_state_dict")
+        index = self._param_index()
+        inner = self.optim.state_dict()
+        order = {t: k for k, t in enumerate(
+            t for g in self.optim.param_groups for t in g["params"])}
+        new_state = {}
+        for pieces in self._pieces:
+            for pc in pieces:
+                if pc.tensor is None:
+                    continue
+                f, entry = pc.flat, {}
+                for sd in saved:
+                    entry.update(sd["scalars"].get(index[pc.param], {}))
+                    start, end = sd["ranges"][f.index]
+                    for k, v in sd["flats"].get(f.index, {}).items():
+                        if k not in entry or not torch.is_tensor(entry[k]) or \
+                                entry[k].shape != pc.tensor.shape:
+                            entry[k] = torch.zeros(pc.hi - pc.lo, dtype=v.dtype)
+                        _copy_overlap(entry[k], f.start + pc.lo, f.start + pc.hi, v, start,
+                                      end)
+                if entry:
+                    new_state[order[pc.tensor]] = entry
+        inner["state"] = new_state
+        for ig, g in zip(inner["param_groups"], saved[0]["param_groups"]):
+            ig.update(g)
         self.optim.load_state_dict(inner)
         self.param_groups = self.optim.param_groups
         self.state = self.optim.state

@@ -314,3 +314,48 @@ def test_a_rank_that_skips_a_unit_is_an_error_on_every_rank():
                      message), message
     assert re.search(r"rank 1 waits for allgather '[a-z.]*sharded3\.gather\.blocks\.2\.\d+\.f3'",
                      message), message
+
+
+def test_sharded_checkpoint_saved_at_n_loads_at_n_minus_1_and_continues(tmp_path):
+    """5 steps on every rank, each rank saves its slices (model and AdamW state) to its own
+    file; the first size-1 ranks (a process set) load every file, continue 5 steps, and match
+    one process on the same 10 full batches."""
+    n = hvd.size()
+    first = batches(5, 1)
+    model, opt = train_stage3("adamw", first)
+    # Every rank's file in one folder that every rank knows (rank 0's tmp_path).
+    folder = hvd.broadcast_object(str(tmp_path), root_rank=0)
+    torch.save({"model": hvd.sharding_of(model).sharded_state_dict(),
+                "optimizer": opt.sharded_state_dict()},
+               "%s/rank%d.pt" % (folder, hvd.rank()))
+    hvd.barrier()
+    fewer = hvd.add_process_set(list(range(n - 1)))
+    try:
+        if fewer.included():
+            saved = [torch.load("%s/rank%d.pt" % (folder, r)) for r in range(n)]
+            resumed = make_model()
+            with torch.no_grad():
+                for p in resumed.parameters():
+                    p.zero_()  # the checkpoint must bring every value back
+            hvd.shard_model(resumed, auto_wrap={Block}, process_set=fewer)
+            hvd.sharding_of(resumed).load_sharded_state_dict([s["model"] for s in saved])
+            cls, kw = OPTIMIZERS["adamw"]
+            opt2 = hvd.ShardedOptimizer(resumed.named_parameters(), cls, stage=3, lr=123.0)
+            opt2.load_sharded_state_dict([s["optimizer"] for s in saved])
+            g = torch.Generator().manual_seed(8)
+            k = (n - 1) * PER_RANK
+            second = [[(torch.randint(0, VOCAB, (k, SEQ), generator=g),
+                        torch.randint(0, VOCAB, (k, SEQ), generator=g))] for _ in range(5)]
+            for micro in second:
+                opt2.zero_grad()
+                for ids, targets in micro:
+                    r = fewer.rank()
+                    loss_fn(resumed, ids[r * PER_RANK:(r + 1) * PER_RANK],
+                            targets[r * PER_RANK:(r + 1) * PER_RANK]).backward()
+                opt2.step()
+            assert opt2.param_groups[0]["lr"] == 0.01  # the saved hyperparameters
+            state = hvd.sharding_of(resumed).state_dict(to=None)
+            assert_parameters_close(state, train_reference("adamw", first + second)[0])
+    finally:
+        hvd.barrier()
+        hvd.remove_process_set(fewer)
