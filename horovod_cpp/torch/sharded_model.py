@@ -270,7 +270,7 @@ class ShardedModel(object):
         self._start_gather(u, tag)
         with torch.no_grad():
             for f, h in u.handles:
-                out = h if torch.is_tensor(h) else synchronize(h)
+                out = h if torch.is_tensor(h) else self._wait(h)
                 _resize_storage(f.full, f.length)
                 f.full.copy_(out)
                 del out
@@ -278,6 +278,40 @@ class ShardedModel(object):
                     p.data = f.view(f.full, i)
         u.handles = []
         u.gathered = True
+
+    def _wait(self, handle):
+        """synchronize(handle); when it fails (a deadlock declared, a peer lost), every other
+        collective this model started is waited for too (each fails or completes), so that none
+        is left in flight under a name the next step would reuse, and the step is forgotten."""
+        try:
+            return synchronize(handle)
+        except Exception:
+            self._abort()
+            raise
+
+    def _abort(self):
+        for u in self.units:
+            for _, h in u.handles:
+                if not torch.is_tensor(h):
+                    try:
+                        synchronize(h)
+                    except Exception:
+                        pass
+            u.handles = []
+            u.awaiting = None
+            self._free(u)
+        for f in self.flats:
+            for h in f.handles:
+                if not torch.is_tensor(h):
+                    try:
+                        synchronize(h)
+                    except Exception:
+                        pass
+            f.handles, f.arrived, f.launched, f.grad_full, f.direct = [], set(), 0, None, False
+            f.shard_grad = None
+        for p in self.passes:
+            self.passes[p] = 0
+        self.in_flight = False
 
     def _free(self, u):
         if not u.gathered:
@@ -437,7 +471,7 @@ class ShardedModel(object):
         for f in self.flats:
             while f.handles and (wait or torch.is_tensor(f.handles[0]) or poll(f.handles[0])):
                 h = f.handles.pop(0)
-                out = h if torch.is_tensor(h) else synchronize(h)
+                out = h if torch.is_tensor(h) else self._wait(h)
                 f.shard_grad = out if f.shard_grad is None else f.shard_grad.add_(out)
 
     def finish_reductions(self):
