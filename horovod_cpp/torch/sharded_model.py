@@ -64,6 +64,15 @@ def _resize_storage(t, numel):
         s.resize_(numel)
 
 
+def _eager(fn):
+    """``fn`` run as it is under torch.compile (a graph break around it): the hooks gather,
+    free and reduce through the runtime, which the compiler must not trace."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "disable"):
+        return compiler.disable(fn)
+    return fn
+
+
 _EMPTY = {}
 
 
@@ -332,6 +341,7 @@ class ShardedModel(object):
     # ---- forward and backward hooks -------------------------------------------------------
 
     def _make_pre_forward(self, u):
+        @_eager
         def hook(module, inputs):
             if u.index == 0:
                 self._recording = []
@@ -344,6 +354,7 @@ class ShardedModel(object):
         return hook
 
     def _make_post_forward(self, u):
+        @_eager
         def hook(module, inputs, output):
             grads = torch.is_grad_enabled()
             if u.index == 0:
@@ -367,6 +378,7 @@ class ShardedModel(object):
         return hook
 
     def _make_pre_backward(self, u):
+        @_eager
         def hook(grad):
             if not self._backward_queued:
                 self._backward_queued = True

@@ -365,3 +365,21 @@ def test_sharded_checkpoint_saved_at_n_loads_at_n_minus_1_and_continues(tmp_path
     finally:
         hvd.barrier()
         hvd.remove_process_set(fewer)
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs PyTorch 2")
+def test_torch_compile_of_a_sharded_model():
+    """torch.compile(model) over a sharded model: the gather/free/reduce hooks run eagerly
+    (graph breaks around them), the units' insides compiled; matches one process."""
+    data = batches(3, 1)
+    model = make_model()
+    hvd.shard_model(model, auto_wrap={Block})
+    cls, kw = OPTIMIZERS["sgd"]
+    opt = hvd.ShardedOptimizer(model.named_parameters(), cls, stage=3, **kw)
+    compiled = torch.compile(model)
+    for micro in data:
+        opt.zero_grad()
+        for ids, targets in micro:
+            loss_fn(compiled, mine(ids), mine(targets)).backward()
+        opt.step()
+    assert_parameters_close(full_parameters(model), train_reference("sgd", data)[0])

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# with_memory_limit.sh MIB COMMAND...   runs COMMAND in a memory cgroup of its own limited to MIB
+# MiB (the kernel's cgroup v1 memory controller, or cgroup v2's memory.max: the kernel counts
+# every page the process and its threads touch, and its OOM killer ends the process past the
+# limit, exit status 137). One cgroup per call: under mpirun, one per rank. Needs root; the
+# cgroup is removed when COMMAND ends, also when it fails or is killed.
+set -uo pipefail
+[[ $# -ge 2 ]] || { echo "usage: with_memory_limit.sh MIB COMMAND..." >&2; exit 2; }
+mib=$1; shift
+name="hvd-limit-$$"
+if [[ -d /sys/fs/cgroup/memory ]]; then            # cgroup v1
+  cg=/sys/fs/cgroup/memory/$name
+  mkdir "$cg" || exit 1
+  echo $((mib * 1024 * 1024)) > "$cg/memory.limit_in_bytes"
+  if [[ -f $cg/memory.memsw.limit_in_bytes ]]; then   # no escape into swap
+    echo $((mib * 1024 * 1024)) > "$cg/memory.memsw.limit_in_bytes"
+  fi
+  procs=$cg/cgroup.procs parent=/sys/fs/cgroup/memory/cgroup.procs
+elif [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then  # cgroup v2
+  cg=/sys/fs/cgroup/$name
+  mkdir "$cg" || exit 1
+  echo $((mib * 1024 * 1024)) > "$cg/memory.max"
+  echo 0 > "$cg/memory.swap.max" 2>/dev/null || true
+  procs=$cg/cgroup.procs parent=/sys/fs/cgroup/cgroup.procs
+else
+  echo "with_memory_limit.sh: no memory cgroup on this machine" >&2
+  exit 1
+fi
+cleanup() { rmdir "$cg" 2>/dev/null || true; }
+trap cleanup EXIT
+# The child moves itself into the cgroup before it execs COMMAND: everything it allocates counts.
+bash -c 'echo $$ > "$1"; shift; exec "$@"' _ "$procs" "$@" &
+child=$!
+trap 'kill -TERM $child 2>/dev/null' TERM INT
+wait $child
+rc=$?
+echo $$ > "$parent" 2>/dev/null || true
+exit $rc
