@@ -87,7 +87,7 @@ def measure(args):
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port,
                                 rank=rank, world_size=size)
         run = FullyShardedDataParallel(
-            model, sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=None,
+            model, sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=torch.device("cpu"),
             auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
                                                transformer_layer_cls={layer}))
         opt = adam(run.parameters(), lr=args.lr)
