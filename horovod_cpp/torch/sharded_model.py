@@ -42,8 +42,9 @@ from horovod_cpp.torch.mpi_ops import (Average, HorovodNotSupportedError, Max, S
 from horovod_cpp.torch.optimizer import _POST_ACCUMULATE_GRAD_HOOK
 from horovod_cpp.torch.process_sets import global_process_set
 from horovod_cpp.torch.functions import allgather_object
-from horovod_cpp.torch.sharded import (ShardedOptimizer, clip_slices_by_global_norm,
-                                       is_element_state, nonfinite_flag_grad, shard_range)
+from horovod_cpp.torch.sharded import (ShardedOptimizer, _ElasticShards,
+                                       clip_slices_by_global_norm, is_element_state,
+                                       nonfinite_flag_grad, shard_range)
 
 
 def _storage(t):
@@ -503,6 +504,32 @@ class ShardedModel(object):
             self.passes[p] = 0
         self.in_flight = False
 
+    def reset_step(self):
+        """Forgets the step under way (after a job reset, whose collectives are gone): drops
+        every handle without waiting, frees every unit."""
+        for u in self.units:
+            u.handles, u.awaiting = [], None
+            self._free(u)
+        for f in self.flats:
+            f.handles, f.arrived, f.launched, f.grad_full, f.direct = [], set(), 0, None, False
+            f.shard_grad = None
+            for p in f.params:
+                p.grad = None
+        for p in self.passes:
+            self.passes[p] = 0
+        self.in_flight = False
+        self._backward_queued = False
+
+    def relayout(self, process_set):
+        """Splits every flat buffer over ``process_set``'s ranks (after an elastic resize);
+        the slices' contents are set afterwards (zeros until then)."""
+        self.reset_step()
+        self.process_set = process_set
+        self.size, self.rank = process_set.size(), process_set.rank()
+        for f in self.flats:
+            f.start, f.end = shard_range(f.length, self.size, self.rank)
+            f.shard = torch.zeros(f.end - f.start, dtype=f.dtype, device=f.device)
+
     def zero_grad(self):
         for f in self.flats:
             f.shard_grad = None
@@ -654,7 +681,7 @@ class _Piece(object):
         self.tensor = torch.nn.Parameter(flat.shard[self.lo:self.hi]) if lo < hi else None
 
 
-class FullyShardedOptimizer(torch.optim.Optimizer):
+class FullyShardedOptimizer(_ElasticShards, torch.optim.Optimizer):
     """``ShardedOptimizer(params, optimizer_class, stage=3, **defaults)`` over the parameters
     of a model given to ``shard_model``: the wrapped optimizer steps, for each parameter, the
     part of it in this rank's slice (a view of the slice), so it holds state for that part
@@ -678,18 +705,18 @@ class FullyShardedOptimizer(torch.optim.Optimizer):
                                  "model's is %r, got %r)" % (what, have, given))
         self.stage = 3
         self.process_set = sharding.process_set
+        self._size, self._rank = sharding.size, sharding.rank
         self._names = names
         self._groups_params = [g["params"] for g in groups]
-        self._pieces = [[_Piece(p, *sharding.flat_of[p]) for p in g["params"] if p.requires_grad]
-                        for g in groups]
+        self._optimizer_class = optimizer_class
+        self._defaults = dict(defaults)
         self._finite_flag = torch.nn.Parameter(torch.zeros(1))
-        inner = []
-        for gi, g in enumerate(groups):
-            ts = [pc.tensor for pc in self._pieces[gi] if pc.tensor is not None]
-            if gi == 0:
-                ts.append(self._finite_flag)
-            inner.append(dict({k: v for k, v in g.items() if k != "params"}, params=ts))
-        self.optim = optimizer_class(inner, **defaults)
+        self._build_inner([{k: v for k, v in g.items() if k != "params"} for g in groups])
+        self._committed = None    # elastic: the last commit (see _ElasticShards)
+        self._pending = None
+        self._commit_id = -1
+        self.agreed_commit = None
+        self._holders = None
         self._building = True
         torch.optim.Optimizer.__init__(self, self.optim.param_groups, self.optim.defaults)
         self._building = False
@@ -697,6 +724,19 @@ class FullyShardedOptimizer(torch.optim.Optimizer):
         self.state = self.optim.state
         self._reduced = False
         self._consolidated = None
+
+    def _build_inner(self, hypers):
+        """(Re)builds the wrapped optimizer over the parts of this rank's slices, one group per
+        given group of hyperparameters (the finite flag in group 0); its state starts empty."""
+        self._pieces = [[_Piece(p, *self.sharding.flat_of[p]) for p in params
+                         if p.requires_grad] for params in self._groups_params]
+        inner = []
+        for gi, hyper in enumerate(hypers):
+            ts = [pc.tensor for pc in self._pieces[gi] if pc.tensor is not None]
+            if gi == 0:
+                ts.append(self._finite_flag)
+            inner.append(dict(hyper, params=ts))
+        self.optim = self._optimizer_class(inner, **self._defaults)
 
     def add_param_group(self, param_group):
         if not self.__dict__.get("_building", True):
@@ -932,6 +972,95 @@ class FullyShardedOptimizer(torch.optim.Optimizer):
         self.state = self.optim.state
         self._consolidated = None
         self.zero_grad()
+
+    # ---- elastic (the hooks of _ElasticShards) --------------------------------------------
+    #
+    # A commit keeps, per flat buffer, this rank's slice of the parameters and of the optimizer
+    # state (and each parameter's scalar state, Adam's step), with a replica on another rank;
+    # a reshard re-splits every flat buffer over the ranks there are and gives each rank the
+    # ranges of its new slices: the parameters too, since no rank holds them whole.
+
+    def _hyperparameters(self):
+        return [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+
+    def _elastic_slices(self):
+        index = self._param_index()
+        out = {f.index: {"param": f.shard, "scalars": {}} for f in self.sharding.flats}
+        for pieces in self._pieces:
+            for pc in pieces:
+                st = self.optim.state.get(pc.tensor, {}) if pc.tensor is not None else {}
+                f, entry = pc.flat, out[pc.flat.index]
+                for k, v in st.items():
+                    if is_element_state(v, pc.tensor):
+                        if k not in entry:
+                            entry[k] = torch.zeros(f.end - f.start, dtype=v.dtype,
+                                                   device=v.device)
+                        entry[k][pc.lo:pc.hi].copy_(v)
+                    else:
+                        entry["scalars"].setdefault(index[pc.param], {})[k] = \
+                            v.clone() if torch.is_tensor(v) else v
+        return out
+
+    def _elastic_keys(self):
+        return [f.index for f in self.sharding.flats]
+
+    def _elastic_relayout(self, hypers):
+        self.sharding.relayout(self.process_set)
+        self._build_inner(hypers)
+
+    def _elastic_reslice(self, key, old_slices, old_size):
+        f = self.sharding.flats[key]
+        present = [sl for sl in old_slices if sl]
+        if not present:
+            return None
+        out = {"scalars": {}}
+        for sl in present:
+            for pi, entry in sl.get("scalars", {}).items():
+                out["scalars"].setdefault(pi, {}).update(entry)
+        for k, v in present[0].items():
+            if k == "scalars":
+                continue
+            new = torch.zeros(f.end - f.start, dtype=v.dtype, device=f.device)
+            for old, sl in enumerate(old_slices):
+                if sl and k in sl:
+                    lo, hi = shard_range(f.length, old_size, old)
+                    _copy_overlap(new, f.start, f.end, sl[k], lo, hi)
+            out[k] = new
+        return out
+
+    def _install(self, slices, hypers):
+        """Makes {flat index: slice} (the parameters' slice, per-element state over it, and
+        per-parameter scalars) this rank's, with the groups' hyperparameters."""
+        with torch.no_grad():
+            for f in self.sharding.flats:
+                sl = slices.get(f.index)
+                if sl is not None and "param" in sl:
+                    f.shard = sl["param"].to(device=f.device, dtype=f.dtype).clone()
+        self.sharding.reset_step()
+        self._build_inner(hypers)
+        index = self._param_index()
+        inner = self.optim.state_dict()
+        order = {t: k for k, t in enumerate(
+            t for g in self.optim.param_groups for t in g["params"])}
+        state = {}
+        for pieces in self._pieces:
+            for pc in pieces:
+                sl = slices.get(pc.flat.index)
+                if pc.tensor is None or sl is None:
+                    continue
+                entry = {k: v[pc.lo:pc.hi].clone() for k, v in sl.items()
+                         if k not in ("param", "scalars")}
+                for k, v in sl.get("scalars", {}).get(index[pc.param], {}).items():
+                    entry[k] = v.clone() if torch.is_tensor(v) else v
+                if entry:
+                    state[order[pc.tensor]] = entry
+        inner["state"] = state
+        self.optim.load_state_dict(inner)
+        self.param_groups = self.optim.param_groups
+        self.state = self.optim.state
+        self._consolidated = None
+        self._reduced = False
+        self._finite_flag.grad = None
 
     def held_bytes(self):
         """{'parameters', 'gradients', 'optimizer_state'}: bytes this rank holds now, counted

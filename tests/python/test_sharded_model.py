@@ -383,3 +383,109 @@ def test_torch_compile_of_a_sharded_model():
             loss_fn(compiled, mine(ids), mine(targets)).backward()
         opt.step()
     assert_parameters_close(full_parameters(model), train_reference("sgd", data)[0])
+
+
+def consolidated(opt):
+    opt.consolidate_state_dict(to=None)
+    return opt.state_dict()
+
+
+def assert_same_state(got, want):
+    assert sorted(got["state"]) == sorted(want["state"])
+    for i, entry in want["state"].items():
+        assert sorted(got["state"][i]) == sorted(entry)
+        for k, v in entry.items():
+            assert torch.equal(torch.as_tensor(got["state"][i][k]), torch.as_tensor(v)), (i, k)
+
+
+def continue_and_check(model, opt, ps, first, kind):
+    """Three more steps over the ranks of ps equal one process on the same full batches."""
+    g = torch.Generator().manual_seed(21)
+    k = ps.size() * PER_RANK
+    more = [[(torch.randint(0, VOCAB, (k, SEQ), generator=g),
+              torch.randint(0, VOCAB, (k, SEQ), generator=g))] for _ in range(3)]
+    r = ps.rank()
+    for micro in more:
+        opt.zero_grad()
+        for ids, targets in micro:
+            loss_fn(model, ids[r * PER_RANK:(r + 1) * PER_RANK],
+                    targets[r * PER_RANK:(r + 1) * PER_RANK]).backward()
+        opt.step()
+    assert_parameters_close(hvd.sharding_of(model).state_dict(to=None),
+                            train_reference(kind, first + more)[0])
+
+
+@pytest.mark.parametrize("lost", ["first", "last"])
+def test_elastic_a_lost_rank_loses_no_committed_parameter_or_state(lost):
+    """Commit, go on two steps, lose one rank: the others roll back, reshard the parameters and
+    the optimizer state over size-1 ranks (the lost rank's slices from their replica), hold
+    exactly the commit, and continue as one process on the full batches would."""
+    n = hvd.size()
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    first = batches(3, 1)
+    model, opt = train_stage3("adamw", first)
+    state = hvd.elastic.TorchState(model, opt, epoch=0)
+    state.sync()
+    state.epoch = 1
+    state.commit()
+    committed_params = hvd.sharding_of(model).state_dict(to=None)
+    committed = consolidated(opt)
+    for micro in batches(2, 1, seed=4):
+        opt.zero_grad()
+        for ids, targets in micro:
+            loss_fn(model, mine(ids), mine(targets)).backward()
+        opt.step()
+    gone = 0 if lost == "first" else n - 1
+    survivors = hvd.add_process_set([r for r in range(n) if r != gone])
+    try:
+        if survivors.included():
+            state.restore()
+            assert state.epoch == 1
+            took = opt._elastic_reshard(process_set=survivors)
+            assert took >= 0
+            sharding = hvd.sharding_of(model)
+            assert sharding.size == n - 1 and sharding.process_set is survivors
+            got = sharding.state_dict(to=None)
+            assert all(torch.equal(got[k], committed_params[k]) for k in committed_params)
+            assert_same_state(consolidated(opt), committed)
+            continue_and_check(model, opt, survivors, first, "adamw")
+    finally:
+        hvd.remove_process_set(survivors)
+
+
+def test_elastic_a_rank_added_gets_its_slices():
+    """Train and commit on the first size-1 ranks; then every rank (the last one new, its
+    model of other weights) reshards over all of them and continues as one process would."""
+    n = hvd.size()
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    fewer = hvd.add_process_set(list(range(n - 1)))
+    try:
+        torch.manual_seed(99)
+        model = make_model() if fewer.included() else TinyLM()  # the new rank: other weights
+        hvd.shard_model(model, auto_wrap={Block},
+                        process_set=fewer if fewer.included() else hvd.global_process_set)
+        cls, kw = OPTIMIZERS["adamw"]
+        opt = hvd.ShardedOptimizer(model.named_parameters(), cls, stage=3, **kw)
+        k = (n - 1) * PER_RANK
+        first = [[(ids[:k], targets[:k]) for ids, targets in step] for step in batches(3, 1)]
+        if fewer.included():
+            opt._elastic_save(replicate=False)
+            opt._elastic_reshard()  # (what sync does first, at the smaller size)
+            r = fewer.rank()
+            for micro in first:
+                opt.zero_grad()
+                for ids, targets in micro:
+                    loss_fn(model, ids[r * PER_RANK:(r + 1) * PER_RANK],
+                            targets[r * PER_RANK:(r + 1) * PER_RANK]).backward()
+                opt.step()
+            opt._elastic_save(replicate=True)  # (commit's part)
+            committed = consolidated(opt)
+    finally:
+        hvd.remove_process_set(fewer)
+    opt._elastic_reshard(process_set=hvd.global_process_set)
+    got = consolidated(opt)
+    if hvd.rank() == 0:
+        assert_same_state(got, committed)
+    continue_and_check(model, opt, hvd.global_process_set, first, "adamw")

@@ -85,7 +85,9 @@ class TorchState(ObjectState):
     With a ``hvd.ShardedOptimizer``, commit keeps each rank's slice of the optimizer state and
     a replica of it on another rank (another host when the job spans hosts), and sync reshards
     the last commit over the ranks of the re-formed job (``reshard_seconds``: how long it
-    took): losing one rank or one host between two commits loses nothing committed."""
+    took): losing one rank or one host between two commits loses nothing committed. With a
+    model given to ``hvd.shard_model`` (stage 3) the parameters are sharded too: the commit
+    keeps their slices the same way, and the reshard re-splits them over the new ranks."""
 
     def __init__(self, model=None, optimizer=None, **kwargs):
         self.model = model
@@ -107,9 +109,18 @@ class TorchState(ObjectState):
     def _sharded(self):
         return self.optimizer is not None and hasattr(self.optimizer, "_elastic_reshard")
 
+    def _model_state(self):
+        """The model's state_dict; of a model given to hvd.shard_model, its buffers alone (its
+        parameters are sharded: the ShardedOptimizer's commit keeps them)."""
+        sd = self.model.state_dict()
+        if getattr(self.model, "_hvd_sharded", None) is not None:
+            params = {n for n, _ in self.model.named_parameters()}
+            sd = {k: v for k, v in sd.items() if k not in params}
+        return sd
+
     def _snapshot(self):
         return {"handled": {k: copy.deepcopy(v.state_dict()) for k, v in self._handled.items()},
-                "model": (copy.deepcopy(self.model.state_dict()) if self.model is not None
+                "model": (copy.deepcopy(self._model_state()) if self.model is not None
                           else None),
                 "objects": {k: copy.deepcopy(getattr(self, k)) for k in self._saved_state}}
 
@@ -138,7 +149,8 @@ class TorchState(ObjectState):
 
     def _restore_model_and_objects(self):
         if self.model is not None:
-            self.model.load_state_dict(self._saved_model_state)
+            self.model.load_state_dict(self._saved_model_state, strict=getattr(
+                self.model, "_hvd_sharded", None) is None)
         for k, v in self._handled.items():
             v.load_state_dict(self._saved_handled[k])
         super().restore()
@@ -163,7 +175,7 @@ class TorchState(ObjectState):
                 self._keep(pending[1])
                 self._restore_model_and_objects()
         if self.model is not None:
-            broadcast_parameters(self.model.state_dict(), root_rank=0)
+            broadcast_parameters(self._model_state(), root_rank=0)
         if self.optimizer is not None and not self._sharded():
             broadcast_optimizer_state(self.optimizer, root_rank=0)
         for k, v in self._handled.items():  # rank 0's, then re-partitioned for the new world
