@@ -15,7 +15,10 @@ committed (rank 0's commit) and says so.
 With --sharded 1 or 2 the optimizer is hvd.ShardedOptimizer (stage 1 or 2): each rank holds a
 slice of the optimizer state, a commit keeps a replica of every slice on another host, and a
 reset reshards the last commit over the ranks there are; the check after a reset then also
-compares the whole optimizer state (gathered from the slices) with the last commit's.
+compares the whole optimizer state (gathered from the slices) with the last commit's. With
+--sharded 3 the parameters are sharded too (hvd.shard_model, each Linear a unit): a commit keeps
+every rank's slices of the parameters and of the optimizer state with a replica, and a reset
+re-splits both over the ranks there are.
 """
 import argparse
 import hashlib
@@ -32,8 +35,11 @@ import horovod_cpp.torch as hvd  # noqa: E402
 
 
 def digest(model):
+    """A digest of the parameters; collective for a sharded model (gathered from the slices)."""
     h = hashlib.sha256()
-    for _, t in sorted(model.state_dict().items()):
+    sharded = getattr(model, "_hvd_sharded", None)
+    sd = sharded.state_dict(to=None) if sharded is not None else model.state_dict()
+    for _, t in sorted(sd.items()):
         h.update(t.detach().numpy().tobytes())
     return h.hexdigest()[:16]
 
@@ -61,8 +67,9 @@ def main():
     parser.add_argument("--commit-every", type=int, default=10, help="steps between commits")
     parser.add_argument("--step-delay", type=float, default=0.0,
                         help="seconds of extra work per step (to give tests time to act)")
-    parser.add_argument("--sharded", type=int, choices=(0, 1, 2), default=0,
-                        help="0: DistributedOptimizer; 1 or 2: ShardedOptimizer of that stage")
+    parser.add_argument("--sharded", type=int, choices=(0, 1, 2, 3), default=0,
+                        help="0: DistributedOptimizer; 1, 2 or 3: ShardedOptimizer of that "
+                             "stage (3: the parameters sharded too, hvd.shard_model)")
     parser.add_argument("--data", default=DEFAULT_DATA)
     args = parser.parse_args()
 
@@ -71,6 +78,8 @@ def main():
     x_train, y_train, x_test, y_test = load_digits(args.data)
     dataset = torch.utils.data.TensorDataset(x_train, y_train)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    if args.sharded == 3:
+        hvd.shard_model(model, auto_wrap={torch.nn.Linear})
     if args.sharded:
         optimizer = hvd.ShardedOptimizer(model.named_parameters(), torch.optim.SGD,
                                          stage=args.sharded, lr=args.lr * hvd.size(),
@@ -124,8 +133,9 @@ def main():
         opt_now = optimizer_digest(optimizer) if args.sharded else None
         if args.sharded and hvd.rank() == 0 and state.reshard_seconds is not None and \
                 state.steps > 0:
-            print("resharded the optimizer state over %d ranks in %.3f s"
-                  % (hvd.size(), state.reshard_seconds), flush=True)
+            print("resharded the optimizer state%s over %d ranks in %.3f s"
+                  % (" and the parameters" if args.sharded == 3 else "", hvd.size(),
+                     state.reshard_seconds), flush=True)
         if progress["candidates"]:
             # The parameters and the whole optimizer state must be those of one commit.
             match = [c for c in progress["candidates"] if c == (now, opt_now)]

@@ -338,10 +338,11 @@ class ShardedOptimizer(_ElasticShards, torch.optim.Optimizer):
     """
 
     def __new__(cls, params=None, optimizer_class=None, stage=2, *args, **kwargs):
-        if stage == 3:
-            # Stage 3 steps the slices of a model given to hvd.shard_model.
+        if stage == 3 and cls is ShardedOptimizer:
+            # Stage 3 steps the slices of a model given to hvd.shard_model (a subclass: its
+            # __init__ runs next).
             from horovod_cpp.torch.sharded_model import FullyShardedOptimizer
-            return FullyShardedOptimizer(params, optimizer_class, stage, *args, **kwargs)
+            return super().__new__(FullyShardedOptimizer)
         return super().__new__(cls)
 
     def __init__(self, params, optimizer_class, stage=2, process_set=global_process_set,

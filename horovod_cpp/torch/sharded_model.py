@@ -42,9 +42,8 @@ from horovod_cpp.torch.mpi_ops import (Average, HorovodNotSupportedError, Max, S
 from horovod_cpp.torch.optimizer import _POST_ACCUMULATE_GRAD_HOOK
 from horovod_cpp.torch.process_sets import global_process_set
 from horovod_cpp.torch.functions import allgather_object
-from horovod_cpp.torch.sharded import (ShardedOptimizer, _ElasticShards,
-                                       clip_slices_by_global_norm, is_element_state,
-                                       nonfinite_flag_grad, shard_range)
+from horovod_cpp.torch.sharded import (ShardedOptimizer, clip_slices_by_global_norm,
+                                       is_element_state, nonfinite_flag_grad, shard_range)
 
 
 def _storage(t):
@@ -681,7 +680,7 @@ class _Piece(object):
         self.tensor = torch.nn.Parameter(flat.shard[self.lo:self.hi]) if lo < hi else None
 
 
-class FullyShardedOptimizer(_ElasticShards, torch.optim.Optimizer):
+class FullyShardedOptimizer(ShardedOptimizer):
     """``ShardedOptimizer(params, optimizer_class, stage=3, **defaults)`` over the parameters
     of a model given to ``shard_model``: the wrapped optimizer steps, for each parameter, the
     part of it in this rank's slice (a view of the slice), so it holds state for that part

@@ -285,6 +285,13 @@ def test_consolidated_optimizer_state_equals_the_unsharded_one_and_loads():
     assert_parameters_close(full_parameters(fresh), reference)
 
 
+def test_stage3_is_a_sharded_optimizer():
+    model = make_model()
+    hvd.shard_model(model)
+    opt = hvd.ShardedOptimizer(model.named_parameters(), torch.optim.SGD, stage=3, lr=0.1)
+    assert isinstance(opt, hvd.ShardedOptimizer) and opt.stage == 3
+
+
 def test_stage3_needs_a_sharded_model():
     model = make_model()
     with pytest.raises(ValueError, match="shard_model"):

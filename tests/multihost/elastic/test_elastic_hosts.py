@@ -105,7 +105,7 @@ def assert_resumed(job, fault_at, ranks, bound):
     return resumed - fault_at, redone, checks
 
 
-@pytest.mark.parametrize("sharded", [0, 2], ids=["distributed", "sharded2"])
+@pytest.mark.parametrize("sharded", [0, 2, 3], ids=["distributed", "sharded2", "sharded3"])
 def test_a_host_whose_processes_are_killed_mid_epoch(sharded):
     """--sharded 2: hvd-h3's slice of the optimizer state comes back from its replica on
     another host; after the reset the whole optimizer state equals the last commit."""
@@ -126,13 +126,13 @@ def test_a_host_whose_processes_are_killed_mid_epoch(sharded):
     assert final and float(final.group(1)) >= ACCURACY_BAR, job.text()
     assert "blacklisted hvd-h3" in job.text()
     if sharded:
-        reshard = re.search(r"resharded the optimizer state over 2 ranks in ([0-9.]+) s",
-                            job.text())
+        reshard = re.search(r"resharded the optimizer state(?: and the parameters)? over 2 "
+                            r"ranks in ([0-9.]+) s", job.text())
         assert reshard, job.text()
-        report("elastic: ShardedOptimizer stage 2, hvd-h3's processes killed -> resumed on 2 "
+        report("elastic: ShardedOptimizer stage %d, hvd-h3's processes killed -> resumed on 2 "
                "ranks %.2f s later (the reshard itself %s s), %d steps redone, optimizer state "
                "equal to the last commit, final accuracy %s"
-               % (took, reshard.group(1), redone, final.group(1)))
+               % (sharded, took, reshard.group(1), redone, final.group(1)))
         return
     report("elastic: hvd-h3's processes killed -> training resumed on 2 ranks %.2f s later, %d "
            "steps redone, final accuracy %s" % (took, redone, final.group(1)))
@@ -157,7 +157,7 @@ def test_a_host_taken_off_the_network():
            % (took, redone, final.group(1)))
 
 
-@pytest.mark.parametrize("sharded", [0, 2], ids=["distributed", "sharded2"])
+@pytest.mark.parametrize("sharded", [0, 2, 3], ids=["distributed", "sharded2", "sharded3"])
 def test_a_host_added_by_the_discovery_script(tmp_path, sharded):
     listing = tmp_path / "hosts.txt"
     listing.write_text("hvd-h1:1\nhvd-h2:1\n")
@@ -179,12 +179,13 @@ def test_a_host_added_by_the_discovery_script(tmp_path, sharded):
         old = [l for l in checks if "new rank" not in l]
         assert len(old) == 2 and all("equal to the last commit True" in l for l in old), \
             job.text()
-        assert re.search(r"resharded the optimizer state over 3 ranks", job.text()), job.text()
+        assert re.search(r"resharded the optimizer state( and the parameters)? over 3 ranks",
+                         job.text()), job.text()
     assert job.finish() == 0, job.text()
     final = re.search(r"final test accuracy: ([0-9.]+) \(3 ranks at the end\)", job.text())
     assert final and float(final.group(1)) >= ACCURACY_BAR, job.text()
     report("elastic: %shvd-h3 added by discovery -> 3 ranks training %.2f s later, its "
-           "parameters equal to the others'" % ("ShardedOptimizer stage 2, " if sharded else "",
+           "parameters equal to the others'" % ("ShardedOptimizer stage %d, " % sharded if sharded else "",
                                                 took))
 
 
