@@ -66,6 +66,28 @@ def shard_range(length, size, rank):
     return start, start + base + (1 if rank < rem else 0)
 
 
+def register_grad_ready_hook(p, hook):
+    """Calls ``hook()`` each time autograd has accumulated p's gradient: a post-accumulate-grad
+    hook on PyTorch 2.1+, a hook on p's gradient accumulator before (which must then be made
+    while p has its shape: the accumulator keeps it). Returns what keeps the hook."""
+    if _POST_ACCUMULATE_GRAD_HOOK:
+        return p.register_post_accumulate_grad_hook(lambda *ignore: hook())
+    grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
+    grad_acc.register_hook(lambda *ignore: hook())
+    return grad_acc
+
+
+def check_gradient(p, name, passes, backward_passes_per_step, who):
+    """Refuses a sparse gradient, and one more backward pass than backward_passes_per_step."""
+    if p.grad.is_sparse:
+        raise HorovodNotSupportedError("%s: the gradient of %s is sparse" % (who, name))
+    if passes >= backward_passes_per_step:
+        raise AssertionError(
+            "Gradients were computed more than backward_passes_per_step times "
+            "before call to step(). Increase backward_passes_per_step to "
+            "accumulate gradients locally.")
+
+
 def nonfinite_flag_grad(grads, process_set, name):
     """Collective: the gradient of the optimizer's 1-element finite flag: +inf when any rank's
     ``grads`` (its slices) hold a non-finite value, 0 otherwise (one 4-byte allreduce)."""
@@ -477,12 +499,7 @@ class ShardedOptimizer(_ElasticShards, torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     def _register_hook(self, p):
-        hook = self._make_hook(p)
-        if _POST_ACCUMULATE_GRAD_HOOK:
-            return p.register_post_accumulate_grad_hook(hook)
-        grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
-        grad_acc.register_hook(hook)
-        return grad_acc
+        return register_grad_ready_hook(p, self._make_hook(p))
 
     # ---- gradients ------------------------------------------------------------------------
 
@@ -494,14 +511,8 @@ class ShardedOptimizer(_ElasticShards, torch.optim.Optimizer):
     def _on_grad(self, p):
         if p.grad is None:
             return
-        if p.grad.is_sparse:
-            raise HorovodNotSupportedError("ShardedOptimizer: the gradient of %s is sparse"
-                                           % self._names[p])
-        if self._passes[p] >= self.backward_passes_per_step:
-            raise AssertionError(
-                "Gradients were computed more than backward_passes_per_step times "
-                "before call to step(). Increase backward_passes_per_step to "
-                "accumulate gradients locally.")
+        check_gradient(p, self._names[p], self._passes[p], self.backward_passes_per_step,
+                       "ShardedOptimizer")
         if self._reduced:
             self._reduced = False  # a backward pass after the last reduction: a new step
         self._passes[p] += 1

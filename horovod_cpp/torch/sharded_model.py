@@ -32,18 +32,18 @@ the slice: parameter groups with their own hyperparameters work) and does not ga
 step: the next forward does.
 """
 import contextlib
-import math
 
 import torch
 
-from horovod_cpp.torch.mpi_ops import (Average, HorovodNotSupportedError, Max, Sum,
-                                       allgather, allgather_async, allreduce, poll,
-                                       reducescatter_async, synchronize)
-from horovod_cpp.torch.optimizer import _POST_ACCUMULATE_GRAD_HOOK
+from horovod_cpp.torch.mpi_ops import (Average, HorovodNotSupportedError, Sum, allgather,
+                                       allgather_async, poll, reducescatter_async,
+                                       synchronize)
 from horovod_cpp.torch.process_sets import global_process_set
 from horovod_cpp.torch.functions import allgather_object
-from horovod_cpp.torch.sharded import (ShardedOptimizer, clip_slices_by_global_norm,
-                                       is_element_state, nonfinite_flag_grad, shard_range)
+from horovod_cpp.torch.sharded import (ShardedOptimizer, check_gradient,
+                                       clip_slices_by_global_norm, is_element_state,
+                                       nonfinite_flag_grad, register_grad_ready_hook,
+                                       shard_range)
 
 
 def _storage(t):
@@ -409,27 +409,15 @@ class ShardedModel(object):
         return max(self.passes.values()) if self.passes else 0
 
     def _register_grad_hook(self, p):
-        def hook(*ignore):
-            self._on_grad(p)
-        if _POST_ACCUMULATE_GRAD_HOOK:
-            return p.register_post_accumulate_grad_hook(hook)
-        grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
-        grad_acc.register_hook(hook)
-        return grad_acc
+        return register_grad_ready_hook(p, lambda: self._on_grad(p))
 
     # ---- gradients ------------------------------------------------------------------------
 
     def _on_grad(self, p):
         if p.grad is None:
             return
-        if p.grad.is_sparse:
-            raise HorovodNotSupportedError("shard_model: the gradient of %s is sparse"
-                                           % self.names[p])
-        if self.passes[p] >= self.backward_passes_per_step:
-            raise AssertionError(
-                "Gradients were computed more than backward_passes_per_step times "
-                "before call to step(). Increase backward_passes_per_step to "
-                "accumulate gradients locally.")
+        check_gradient(p, self.names[p], self.passes[p], self.backward_passes_per_step,
+                       "shard_model")
         self.passes[p] += 1
         f, i = self.flat_of[p]
         if p in f.arrived:  # a second pass before the flat's other gradients arrived
