@@ -139,7 +139,7 @@ def measure(args):
                   samples_per_s=args.steps * args.batch * size / seconds,
                   held=sum(held.values()), peak_rss=resource.getrusage(
                       resource.RUSAGE_SELF).ru_maxrss * 1024,
-                  checksum=checksum, torch=torch.__version__, **held)
+                  checksum=checksum, torch=torch.__version__, optimizer=args.optimizer, **held)
     if rank == 0:
         print("SHARDED " + " ".join("%s=%s" % kv for kv in sorted(result.items())), flush=True)
         if args.out:
@@ -166,9 +166,10 @@ def compare(args):
 
     nps = sorted({n for n, _ in runs})
     any_run = next(iter(runs.values()))[0]
-    print("# %d parameters, Adam fp32, torch %s; per rank (rank 0): parameters + gradients + "
+    print("# %d parameters, %s fp32, torch %s; per rank (rank 0): parameters + gradients + "
           "optimizer state counted from the tensors, peak RSS of the process"
-          % (any_run["params"], any_run["torch"]))
+          % (any_run["params"], {"adamw": "AdamW"}.get(any_run.get("optimizer"), "Adam"),
+             any_run["torch"]))
     print("# %3s %-12s %9s %9s %9s %9s %9s %10s" % ("np", "mode", "params", "grads", "state",
                                                    "held", "peak_rss", "samples/s"))
     mib = 1024.0 * 1024.0

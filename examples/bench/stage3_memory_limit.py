@@ -43,6 +43,7 @@ def main():
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--lr", type=float, default=1e-5)
     args = p.parse_args()
 
     import torch
@@ -64,9 +65,9 @@ def main():
     if args.mode == "sharded3":
         hvd.shard_model(model, auto_wrap={torch.nn.TransformerEncoderLayer})
         opt = hvd.ShardedOptimizer(model.named_parameters(), torch.optim.AdamW, stage=3,
-                                   lr=1e-4)
+                                   lr=args.lr)
     else:
-        opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-4),
+        opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=args.lr),
                                        named_parameters=model.named_parameters())
     gen = torch.Generator().manual_seed(100 + rank)
     for step in range(args.steps):
