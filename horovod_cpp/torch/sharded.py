@@ -624,11 +624,14 @@ class ShardedOptimizer(_ElasticShards, torch.optim.Optimizer):
         """Waits for the gradient reductions (as DistributedOptimizer.synchronize)."""
         self._finish_reductions()
 
+    def _reductions_pending(self):
+        return bool(self.__dict__.get("_in_flight"))
+
     @property
     def param_groups(self):
         # GradScaler (unscale_, the inf check), clipping and schedulers read the groups after
         # backward: they see the reduced slices.
-        if self.__dict__.get("_in_flight"):
+        if self._reductions_pending():
             self._finish_reductions()
         return self.__dict__["_hvd_param_groups"]
 
@@ -769,6 +772,15 @@ class ShardedOptimizer(_ElasticShards, torch.optim.Optimizer):
                                "state_dict() then returns it on that rank (this one has none)")
         return self._consolidated
 
+    def _check_loaded_groups(self, state_dict):
+        """A full state's parameter groups, checked against this optimizer's."""
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self._groups_params) or any(
+                len(g["params"]) != len(ps) for g, ps in zip(groups, self._groups_params)):
+            raise ValueError("loaded state dict has a different number of parameter groups "
+                             "or parameters than this optimizer")
+        return groups
+
     def _slice_from_full(self, b, entries):
         """This rank's slice state of bucket b from the unsharded per-parameter entries."""
         present = [(i, e) for i, e in enumerate(entries) if e]
@@ -791,11 +803,7 @@ class ShardedOptimizer(_ElasticShards, torch.optim.Optimizer):
         """Loads a full (unsharded) optimizer state, saved at any world size (by
         ``consolidate_state_dict``/``state_dict`` or by the unsharded optimizer); this rank
         keeps its slice."""
-        groups = state_dict["param_groups"]
-        if len(groups) != len(self._groups_params) or any(
-                len(g["params"]) != len(ps) for g, ps in zip(groups, self._groups_params)):
-            raise ValueError("loaded state dict has a different number of parameter groups "
-                             "or parameters than this optimizer")
+        groups = self._check_loaded_groups(state_dict)
         saved = state_dict["state"]
         slices = {}
         for b in self._buckets:

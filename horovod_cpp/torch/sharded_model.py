@@ -725,24 +725,8 @@ class FullyShardedOptimizer(ShardedOptimizer):
             inner.append(dict(hyper, params=ts))
         self.optim = self._optimizer_class(inner, **self._defaults)
 
-    def add_param_group(self, param_group):
-        if not self.__dict__.get("_building", True):
-            raise HorovodNotSupportedError("ShardedOptimizer.add_param_group after construction "
-                                           "is not supported: pass every group to the "
-                                           "constructor")
-        super().add_param_group(param_group)
-
-    @property
-    def param_groups(self):
-        # GradScaler (unscale_, the inf check), clipping and schedulers read the groups after
-        # backward: they see the reduced slices.
-        if self.__dict__.get("sharding") is not None and self.sharding.in_flight:
-            self._finish_reductions()
-        return self.__dict__["_hvd_param_groups"]
-
-    @param_groups.setter
-    def param_groups(self, value):
-        self.__dict__["_hvd_param_groups"] = value
+    def _reductions_pending(self):
+        return self.__dict__.get("sharding") is not None and self.sharding.in_flight
 
     def _finish_reductions(self):
         if self._reduced and not self.sharding.in_flight:
@@ -757,10 +741,6 @@ class FullyShardedOptimizer(ShardedOptimizer):
             [f.shard_grad for f in self.sharding.flats if f.trainable], self.process_set,
             "sharded3.nonfinite")
         self._reduced = True
-
-    def synchronize(self):
-        """Waits for the gradient reductions (as DistributedOptimizer.synchronize)."""
-        self._finish_reductions()
 
     def zero_grad(self, set_to_none=True):
         if self.sharding.in_flight:
@@ -796,12 +776,29 @@ class FullyShardedOptimizer(ShardedOptimizer):
 
     # ---- checkpoints ----------------------------------------------------------------------
 
-    def _param_index(self):
-        index = {}
-        for params in self._groups_params:
-            for p in params:
-                index[p] = len(index)
-        return index
+    def _local_slices(self):
+        """{flat index: {"param": this rank's slice of the parameters, state key: that state
+        over the slice (zeros where a parameter has none), "scalars": {parameter index: its
+        other state (Adam's step)}}}; a parameter with any state has an entry in "scalars"
+        (maybe empty), which is how _install knows which parameters had state."""
+        index = self._param_index()
+        out = {f.index: {"param": f.shard, "scalars": {}} for f in self.sharding.flats}
+        for pieces in self._pieces:
+            for pc in pieces:
+                st = self.optim.state.get(pc.tensor, {}) if pc.tensor is not None else {}
+                if not st:
+                    continue
+                f, entry = pc.flat, out[pc.flat.index]
+                scalars = entry["scalars"].setdefault(index[pc.param], {})
+                for k, v in st.items():
+                    if is_element_state(v, pc.tensor):
+                        if k not in entry:
+                            entry[k] = torch.zeros(f.end - f.start, dtype=v.dtype,
+                                                   device=v.device)
+                        entry[k][pc.lo:pc.hi].copy_(v)
+                    else:
+                        scalars[k] = v.clone() if torch.is_tensor(v) else v
+        return out
 
     def consolidate_state_dict(self, to=0):
         """Collective: gathers the full optimizer state (the unsharded optimizer's format) on
@@ -809,17 +806,10 @@ class FullyShardedOptimizer(ShardedOptimizer):
         returns it there."""
         self._consolidated = None
         index = self._param_index()
-        mine = {}  # flat index -> {key: dtype} of per-element state; param index -> scalars
-        scalars = {}
-        for pieces in self._pieces:
-            for pc in pieces:
-                st = self.optim.state.get(pc.tensor, {}) if pc.tensor is not None else {}
-                for k, v in st.items():
-                    if is_element_state(v, pc.tensor):
-                        mine.setdefault(pc.flat.index, {})[k] = v.dtype
-                    else:
-                        scalars.setdefault(index[pc.param], {})[k] = \
-                            v.clone() if torch.is_tensor(v) else v
+        local = self._local_slices()
+        mine = {fi: {k: v.dtype for k, v in sl.items() if k not in ("param", "scalars")}
+                for fi, sl in local.items()}
+        scalars = {pi: e for sl in local.values() for pi, e in sl["scalars"].items()}
         everyone = allgather_object((mine, scalars), name="sharded3.state.meta",
                                     process_set=self.process_set)
         keys, all_scalars = {}, {}
@@ -829,18 +819,12 @@ class FullyShardedOptimizer(ShardedOptimizer):
             for pi, entries in sc.items():
                 all_scalars.setdefault(pi, {}).update(entries)
         full = {}
-        by_flat = {}
-        for pieces in self._pieces:
-            for pc in pieces:
-                by_flat.setdefault(pc.flat.index, []).append(pc)
         for f in self.sharding.flats:
             for k, dtype in sorted(keys.get(f.index, {}).items()):
-                local = torch.zeros(f.end - f.start, dtype=dtype, device=f.device)
-                for pc in by_flat.get(f.index, []):
-                    st = self.optim.state.get(pc.tensor, {}) if pc.tensor is not None else {}
-                    if k in st:
-                        local[pc.lo:pc.hi].copy_(st[k])
-                full[(f.index, k)] = allgather(local, name="sharded3.state.%s.%s"
+                mine_k = local[f.index].get(k)
+                if mine_k is None:
+                    mine_k = torch.zeros(f.end - f.start, dtype=dtype, device=f.device)
+                full[(f.index, k)] = allgather(mine_k, name="sharded3.state.%s.%s"
                                                % (f.label, k), process_set=self.process_set)
         if to is not None and self.sharding.rank != to:
             return
@@ -848,117 +832,75 @@ class FullyShardedOptimizer(ShardedOptimizer):
         for pieces in self._pieces:
             for pc in pieces:
                 pi = index[pc.param]
-                entry = dict(all_scalars.get(pi, {}))
+                if pi not in all_scalars:  # no state (never stepped)
+                    continue
+                entry = dict(all_scalars[pi])
                 for k in keys.get(pc.flat.index, {}):
                     entry[k] = pc.flat.view(full[(pc.flat.index, k)], pc.i).clone()
-                if entry:
-                    state[pi] = entry
-        hypers = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+                state[pi] = entry
         self._consolidated = {"state": state, "param_groups": [
             dict(h, params=[index[p] for p in ps])
-            for h, ps in zip(hypers, self._groups_params)]}
-
-    def state_dict(self):
-        """The full state gathered by the last ``consolidate_state_dict()`` (on its rank)."""
-        if self._consolidated is None:
-            raise RuntimeError("ShardedOptimizer.state_dict(): the state is sharded; every rank "
-                               "must call optimizer.consolidate_state_dict(to=...) first, and "
-                               "state_dict() then returns it on that rank (this one has none)")
-        return self._consolidated
+            for h, ps in zip(self._hyperparameters(), self._groups_params)]}
 
     def load_state_dict(self, state_dict):
         """Loads a full (unsharded) optimizer state, saved at any world size (by
         ``consolidate_state_dict``/``state_dict`` or by the unsharded optimizer); this rank
         keeps the parts of its slice."""
-        groups = state_dict["param_groups"]
-        if len(groups) != len(self._groups_params) or any(
-                len(g["params"]) != len(ps) for g, ps in zip(groups, self._groups_params)):
-            raise ValueError("loaded state dict has a different number of parameter groups "
-                             "or parameters than this optimizer")
+        groups = self._check_loaded_groups(state_dict)
         saved = state_dict["state"]
-        inner = self.optim.state_dict()
-        order = {t: k for k, t in enumerate(
-            t for g in self.optim.param_groups for t in g["params"])}
-        new_state = {}
+        index = self._param_index()
+        slices = {f.index: {"scalars": {}} for f in self.sharding.flats}
         for gi, pieces in enumerate(self._pieces):
             pos = {p: j for j, p in enumerate(self._groups_params[gi])}
             for pc in pieces:
                 entry = saved.get(groups[gi]["params"][pos[pc.param]])
                 if pc.tensor is None or not entry:
                     continue
-                out = {}
+                f, sl = pc.flat, slices[pc.flat.index]
+                scalars = sl["scalars"].setdefault(index[pc.param], {})
                 for k, v in entry.items():
-                    if k != "step" and torch.is_tensor(v) and v.shape == pc.flat.shapes[pc.i]:
-                        out[k] = v.reshape(-1)[pc.p_lo:pc.p_hi].clone()
+                    if k != "step" and torch.is_tensor(v) and v.shape == f.shapes[pc.i]:
+                        if k not in sl:
+                            sl[k] = torch.zeros(f.end - f.start, dtype=v.dtype,
+                                                device=f.device)
+                        sl[k][pc.lo:pc.hi].copy_(v.reshape(-1)[pc.p_lo:pc.p_hi])
                     else:
-                        out[k] = v.clone() if torch.is_tensor(v) else v
-                new_state[order[pc.tensor]] = out
-        inner["state"] = new_state
-        for ig, g in zip(inner["param_groups"], groups):
-            ig.update({k: v for k, v in g.items() if k != "params"})
-        self.optim.load_state_dict(inner)
-        self.param_groups = self.optim.param_groups
-        self.state = self.optim.state
-        self._consolidated = None
+                        scalars[k] = v.clone() if torch.is_tensor(v) else v
         self.zero_grad()
+        self._install(slices, [{k: v for k, v in g.items() if k != "params"} for g in groups])
 
     def sharded_state_dict(self):
         """This rank's part of the optimizer state (no communication): per flat buffer, each
         per-element state over this rank's slice, and per parameter its scalar state (Adam's
         step); save one per rank, ``load_sharded_state_dict`` takes every rank's at any world
         size."""
-        index = self._param_index()
-        flats, scalars = {}, {}
-        for pieces in self._pieces:
-            for pc in pieces:
-                st = self.optim.state.get(pc.tensor, {}) if pc.tensor is not None else {}
-                f = pc.flat
-                for k, v in st.items():
-                    if is_element_state(v, pc.tensor):
-                        local = flats.setdefault(f.index, {}).setdefault(
-                            k, torch.zeros(f.end - f.start, dtype=v.dtype))
-                        local[pc.lo:pc.hi].copy_(v)
-                    else:
-                        scalars.setdefault(index[pc.param], {})[k] = \
-                            v.clone() if torch.is_tensor(v) else v
+        local = self._local_slices()
         return {"world_size": self.sharding.size, "rank": self.sharding.rank,
-                "ranges": [(f.start, f.end) for f in self.sharding.flats], "flats": flats,
-                "scalars": scalars, "param_groups": [
-                    {k: v for k, v in g.items() if k != "params"} for g in self.param_groups]}
+                "ranges": [(f.start, f.end) for f in self.sharding.flats],
+                "flats": {fi: {k: v.cpu().clone() for k, v in sl.items()
+                               if k not in ("param", "scalars")} for fi, sl in local.items()},
+                "scalars": {pi: e for sl in local.values() for pi, e in sl["scalars"].items()},
+                "param_groups": self._hyperparameters()}
 
     def load_sharded_state_dict(self, saved):
         """Loads the state that ``sharded_state_dict`` gave on every rank of a job of any size
         (``saved``: all of them); each rank keeps the parts of its slice."""
         saved = _check_saved_ranks(saved, "sharded_state_dict")
-        index = self._param_index()
-        inner = self.optim.state_dict()
-        order = {t: k for k, t in enumerate(
-            t for g in self.optim.param_groups for t in g["params"])}
-        new_state = {}
-        for pieces in self._pieces:
-            for pc in pieces:
-                if pc.tensor is None:
-                    continue
-                f, entry = pc.flat, {}
-                for sd in saved:
-                    entry.update(sd["scalars"].get(index[pc.param], {}))
-                    start, end = sd["ranges"][f.index]
-                    for k, v in sd["flats"].get(f.index, {}).items():
-                        if k not in entry or not torch.is_tensor(entry[k]) or \
-                                entry[k].shape != pc.tensor.shape:
-                            entry[k] = torch.zeros(pc.hi - pc.lo, dtype=v.dtype)
-                        _copy_overlap(entry[k], f.start + pc.lo, f.start + pc.hi, v, start,
-                                      end)
-                if entry:
-                    new_state[order[pc.tensor]] = entry
-        inner["state"] = new_state
-        for ig, g in zip(inner["param_groups"], saved[0]["param_groups"]):
-            ig.update(g)
-        self.optim.load_state_dict(inner)
-        self.param_groups = self.optim.param_groups
-        self.state = self.optim.state
-        self._consolidated = None
+        scalars = {}
+        for sd in saved:
+            for pi, entry in sd["scalars"].items():
+                scalars.setdefault(pi, {}).update(entry)
+        slices = {}
+        for f in self.sharding.flats:
+            sl = slices[f.index] = {"scalars": scalars}
+            for sd in saved:
+                start, end = sd["ranges"][f.index]
+                for k, v in sd["flats"].get(f.index, {}).items():
+                    if k not in sl:
+                        sl[k] = torch.zeros(f.end - f.start, dtype=v.dtype, device=f.device)
+                    _copy_overlap(sl[k], f.start, f.end, v, start, end)
         self.zero_grad()
+        self._install(slices, saved[0]["param_groups"])
 
     # ---- elastic (the hooks of _ElasticShards) --------------------------------------------
     #
@@ -967,26 +909,8 @@ class FullyShardedOptimizer(ShardedOptimizer):
     # a reshard re-splits every flat buffer over the ranks there are and gives each rank the
     # ranges of its new slices: the parameters too, since no rank holds them whole.
 
-    def _hyperparameters(self):
-        return [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
-
     def _elastic_slices(self):
-        index = self._param_index()
-        out = {f.index: {"param": f.shard, "scalars": {}} for f in self.sharding.flats}
-        for pieces in self._pieces:
-            for pc in pieces:
-                st = self.optim.state.get(pc.tensor, {}) if pc.tensor is not None else {}
-                f, entry = pc.flat, out[pc.flat.index]
-                for k, v in st.items():
-                    if is_element_state(v, pc.tensor):
-                        if k not in entry:
-                            entry[k] = torch.zeros(f.end - f.start, dtype=v.dtype,
-                                                   device=v.device)
-                        entry[k][pc.lo:pc.hi].copy_(v)
-                    else:
-                        entry["scalars"].setdefault(index[pc.param], {})[k] = \
-                            v.clone() if torch.is_tensor(v) else v
-        return out
+        return self._local_slices()
 
     def _elastic_keys(self):
         return [f.index for f in self.sharding.flats]
@@ -1033,14 +957,13 @@ class FullyShardedOptimizer(ShardedOptimizer):
         for pieces in self._pieces:
             for pc in pieces:
                 sl = slices.get(pc.flat.index)
-                if pc.tensor is None or sl is None:
-                    continue
+                if pc.tensor is None or sl is None or index[pc.param] not in sl["scalars"]:
+                    continue  # (a parameter without state keeps none)
                 entry = {k: v[pc.lo:pc.hi].clone() for k, v in sl.items()
                          if k not in ("param", "scalars")}
-                for k, v in sl.get("scalars", {}).get(index[pc.param], {}).items():
+                for k, v in sl["scalars"][index[pc.param]].items():
                     entry[k] = v.clone() if torch.is_tensor(v) else v
-                if entry:
-                    state[order[pc.tensor]] = entry
+                state[order[pc.tensor]] = entry
         inner["state"] = state
         self.optim.load_state_dict(inner)
         self.param_groups = self.optim.param_groups
