@@ -56,9 +56,10 @@ def make_model(dtype=torch.float32, **kw):
     return TinyLM(**kw).to(dtype)
 
 
-def batches(steps, micro, seed=3):
+def batches(steps, micro, seed=3, ranks=None):
+    """The full batches every rank agrees on: steps x micro x (ranks * PER_RANK) sequences."""
     g = torch.Generator().manual_seed(seed)
-    total = hvd.size() * PER_RANK
+    total = (ranks or hvd.size()) * PER_RANK
     return [[(torch.randint(0, VOCAB, (total, SEQ), generator=g),
               torch.randint(0, VOCAB, (total, SEQ), generator=g)) for _ in range(micro)]
             for _ in range(steps)]
@@ -66,6 +67,16 @@ def batches(steps, micro, seed=3):
 
 def mine(x):
     return x[hvd.rank() * PER_RANK:(hvd.rank() + 1) * PER_RANK]
+
+
+def train_on(model, opt, data, ps):
+    """Steps over data, each rank of the process set ps on its rows of every batch."""
+    rows = slice(ps.rank() * PER_RANK, (ps.rank() + 1) * PER_RANK)
+    for micro in data:
+        opt.zero_grad()
+        for ids, targets in micro:
+            loss_fn(model, ids[rows], targets[rows]).backward()
+        opt.step()
 
 
 def loss_fn(model, ids, targets):
@@ -355,17 +366,8 @@ def test_sharded_checkpoint_saved_at_n_loads_at_n_minus_1_and_continues(tmp_path
             cls, kw = OPTIMIZERS["adamw"]
             opt2 = hvd.ShardedOptimizer(resumed.named_parameters(), cls, stage=3, lr=123.0)
             opt2.load_sharded_state_dict([s["optimizer"] for s in saved])
-            g = torch.Generator().manual_seed(8)
-            k = (n - 1) * PER_RANK
-            second = [[(torch.randint(0, VOCAB, (k, SEQ), generator=g),
-                        torch.randint(0, VOCAB, (k, SEQ), generator=g))] for _ in range(5)]
-            for micro in second:
-                opt2.zero_grad()
-                for ids, targets in micro:
-                    r = fewer.rank()
-                    loss_fn(resumed, ids[r * PER_RANK:(r + 1) * PER_RANK],
-                            targets[r * PER_RANK:(r + 1) * PER_RANK]).backward()
-                opt2.step()
+            second = batches(5, 1, seed=8, ranks=n - 1)
+            train_on(resumed, opt2, second, fewer)
             assert opt2.param_groups[0]["lr"] == 0.01  # the saved hyperparameters
             state = hvd.sharding_of(resumed).state_dict(to=None)
             assert_parameters_close(state, train_reference("adamw", first + second)[0])
@@ -384,11 +386,7 @@ def test_torch_compile_of_a_sharded_model():
     cls, kw = OPTIMIZERS["sgd"]
     opt = hvd.ShardedOptimizer(model.named_parameters(), cls, stage=3, **kw)
     compiled = torch.compile(model)
-    for micro in data:
-        opt.zero_grad()
-        for ids, targets in micro:
-            loss_fn(compiled, mine(ids), mine(targets)).backward()
-        opt.step()
+    train_on(compiled, opt, data, hvd.global_process_set)
     assert_parameters_close(full_parameters(model), train_reference("sgd", data)[0])
 
 
@@ -407,17 +405,8 @@ def assert_same_state(got, want):
 
 def continue_and_check(model, opt, ps, first, kind):
     """Three more steps over the ranks of ps equal one process on the same full batches."""
-    g = torch.Generator().manual_seed(21)
-    k = ps.size() * PER_RANK
-    more = [[(torch.randint(0, VOCAB, (k, SEQ), generator=g),
-              torch.randint(0, VOCAB, (k, SEQ), generator=g))] for _ in range(3)]
-    r = ps.rank()
-    for micro in more:
-        opt.zero_grad()
-        for ids, targets in micro:
-            loss_fn(model, ids[r * PER_RANK:(r + 1) * PER_RANK],
-                    targets[r * PER_RANK:(r + 1) * PER_RANK]).backward()
-        opt.step()
+    more = batches(3, 1, seed=21, ranks=ps.size())
+    train_on(model, opt, more, ps)
     assert_parameters_close(hvd.sharding_of(model).state_dict(to=None),
                             train_reference(kind, first + more)[0])
 
@@ -438,11 +427,7 @@ def test_elastic_a_lost_rank_loses_no_committed_parameter_or_state(lost):
     state.commit()
     committed_params = hvd.sharding_of(model).state_dict(to=None)
     committed = consolidated(opt)
-    for micro in batches(2, 1, seed=4):
-        opt.zero_grad()
-        for ids, targets in micro:
-            loss_fn(model, mine(ids), mine(targets)).backward()
-        opt.step()
+    train_on(model, opt, batches(2, 1, seed=4), hvd.global_process_set)
     gone = 0 if lost == "first" else n - 1
     survivors = hvd.add_process_set([r for r in range(n) if r != gone])
     try:
@@ -480,13 +465,7 @@ def test_elastic_a_rank_added_gets_its_slices():
         if fewer.included():
             opt._elastic_save(replicate=False)
             opt._elastic_reshard()  # (what sync does first, at the smaller size)
-            r = fewer.rank()
-            for micro in first:
-                opt.zero_grad()
-                for ids, targets in micro:
-                    loss_fn(model, ids[r * PER_RANK:(r + 1) * PER_RANK],
-                            targets[r * PER_RANK:(r + 1) * PER_RANK]).backward()
-                opt.step()
+            train_on(model, opt, first, fewer)
             opt._elastic_save(replicate=True)  # (commit's part)
             committed = consolidated(opt)
     finally:
