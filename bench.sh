@@ -66,6 +66,8 @@ if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT;
     echo "# TCP loopback (--mca btl tcp,self)"
     "${MPIRUN[@]}" --mca btl tcp,self build/examples/bench/allreduce_bench --transport tcp \
       --figures G1,G3,G4,G5 "${AR[@]}"
+    echo "# call sites: what recording each collective's file:line costs the lone allreduce"
+    "${MPIRUN[@]}" .venv/bin/python examples/bench/call_site_latency.py
     echo "# timeline on vs off"
     "${MPIRUN[@]}" build/examples/bench/timeline_overhead "${TL[@]}"
     # Both PyTorch lanes. Debian's torch 1.13 computes ~10x slower than PyPI's on this CPU,

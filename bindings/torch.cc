@@ -422,7 +422,8 @@ void DistributedOptimizer::Submit(Param& p, ::torch::Tensor gradient) {
   p.handle = AllreduceAsync_(gradient, p.name, o);
 }
 
-void DistributedOptimizer::Synchronize() {
+void DistributedOptimizer::Synchronize(CallSite where) {
+  CallSiteScope at(where);
   Result<ProcessSetInfo> set = GetProcessSet(options_.process_set_id);
   if (!set.ok()) Throw(set.status());
   if (set->included && set->size > 1) {
@@ -448,7 +449,8 @@ void DistributedOptimizer::Synchronize() {
   synchronized_ = true;
 }
 
-void DistributedOptimizer::Step() {
+void DistributedOptimizer::Step(CallSite where) {
+  CallSiteScope at(where);
   if (should_synchronize_) {
     if (synchronized_) {
       std::cerr << "horovod_cpp: optimizer.step() called without optimizer.skip_synchronize() "
@@ -456,7 +458,7 @@ void DistributedOptimizer::Step() {
                    "You may want to consider using optimizer.skip_synchronize() context if you "
                    "use optimizer.synchronize() in your code.\n";
     }
-    Synchronize();
+    Synchronize(where);
   }
   synchronized_ = false;
   optimizer_->step();
@@ -670,7 +672,8 @@ void ShardedOptimizer::Launch(Bucket& b) {
   for (size_t i : b.params) params_[i]->arrived = false;
 }
 
-void ShardedOptimizer::Synchronize() {
+void ShardedOptimizer::Synchronize(CallSite where) {
+  CallSiteScope at(where);
   if (reduced_) return;
   const int want = options_.stage == 1 ? 1 : options_.backward_passes_per_step;
   for (auto& bp : buckets_) {
@@ -705,8 +708,9 @@ void ShardedOptimizer::Synchronize() {
   reduced_ = true;
 }
 
-void ShardedOptimizer::Step() {
-  Synchronize();
+void ShardedOptimizer::Step(CallSite where) {
+  CallSiteScope at(where);
+  Synchronize(where);
   optimizer_->step();
   reduced_ = false;
   // Every bucket's updated slices into the parameters, at most two buckets in flight.

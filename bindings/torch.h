@@ -156,9 +156,11 @@ class DistributedOptimizer {
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
 
   // Waits for every gradient's allreduce and writes the results into the gradients.
-  void Synchronize();
+  // `where`: the caller's line (the default records it), named in deadlock and
+  // collective-timeout reports about the reductions this call waits for.
+  void Synchronize(CallSite where = CallSite::Here());
   // Synchronizes (unless inside SkipSynchronize) and steps the wrapped optimizer.
-  void Step();
+  void Step(CallSite where = CallSite::Here());
   void ZeroGrad();
 
   // While alive, Step() does not synchronize (you called Synchronize() yourself).
@@ -230,9 +232,9 @@ class ShardedOptimizer {
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
 
   // Starts what the hooks did not (so every rank starts the same reductions), waits for them
-  // and sets the slices' gradients.
-  void Synchronize();
-  void Step();
+  // and sets the slices' gradients. `where` as in DistributedOptimizer.
+  void Synchronize(CallSite where = CallSite::Here());
+  void Step(CallSite where = CallSite::Here());
   void ZeroGrad();
   // Clips every slice's gradient by the global norm (that of the whole, unsharded gradient),
   // as torch::nn::utils::clip_grad_norm_ would; returns that norm.

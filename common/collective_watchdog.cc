@@ -177,9 +177,25 @@ void CollectiveWatchdog::End() {
   group_ = nullptr;
 }
 
+std::string CollectiveWatchdog::BlockedOn() const {
+  if (!options_.pending) return "";
+  const std::vector<Request> pending = options_.pending();
+  std::ostringstream out;
+  for (size_t i = 0; i < std::min<size_t>(pending.size(), 3); ++i) {
+    out << (i ? ", " : "") << LowerOpName(pending[i].type) << " '" << pending[i].tensor_name
+        << "' on process set " << pending[i].process_set_id;
+    if (!pending[i].call_site.empty()) out << " called at " << pending[i].call_site;
+  }
+  if (pending.size() > 3) out << " (+" << pending.size() - 3 << " more)";
+  return out.str();
+}
+
 std::string CollectiveWatchdog::Activity() {
+  const std::string waits = BlockedOn();  // the queue's lock, never under mu_
   MutexLock lock(mu_);
-  return ActivityLocked();
+  std::string activity = ActivityLocked();
+  if (!waits.empty()) activity += "; waits for " + waits;
+  return activity;
 }
 
 std::string CollectiveWatchdog::ActivityLocked() {
@@ -352,14 +368,8 @@ std::string CollectiveWatchdog::Report(double waited) {
   out << "collective timeout: rank " << options_.rank << " (" << host_ << ") has waited "
       << Int(waited) << " s in " << what
       << ", longer than HOROVOD_COLLECTIVE_TIMEOUT_SECONDS=" << options_.timeout_seconds;
-  if (options_.pending) {
-    const std::vector<Request> pending = options_.pending();
-    for (size_t i = 0; i < std::min<size_t>(pending.size(), 3); ++i) {
-      out << (i ? ", " : "; this rank waits for ") << LowerOpName(pending[i].type) << " '"
-          << pending[i].tensor_name << "' on process set " << pending[i].process_set_id;
-    }
-    if (pending.size() > 3) out << " (+" << pending.size() - 3 << " more)";
-  }
+  const std::string waits = BlockedOn();
+  if (!waits.empty()) out << "; this rank waits for " << waits;
   const std::vector<std::string> answers = Probe();
   // Ranks that did not answer, by host, in the order their hosts first appear.
   std::vector<std::string> hosts;

@@ -80,6 +80,8 @@ class CollectiveWatchdog {
   // What this rank waits in now, as a probe answers ("waiting 61 s in allreduce of 'w'
   // (process set 0)" or "not in a collective").
   std::string Activity();
+  // What the threads blocked on this rank wait for, with their call sites ("" when none).
+  std::string BlockedOn() const;
 
  private:
   struct Peer {

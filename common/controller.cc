@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "base/logging.h"
 #include "common/names.h"
 #include "common/wire.h"
@@ -235,7 +237,14 @@ std::string DescribeWait(const Request& q) {
   if (q.process_set_id != kGlobalProcessSetId) {
     s += " (process set " + std::to_string(q.process_set_id) + ")";
   }
+  if (!q.call_site.empty()) s += " called at " + q.call_site;
   return s;
+}
+
+std::string HostName() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "unknown host";
+  return host;
 }
 
 }  // namespace
@@ -252,9 +261,11 @@ Status Controller::TrackDeadlock(bool quiet, bool due, const BlockedOnFn& blocke
   }
   stuck_since_.reset();
   // Every rank says what it waits for; rank 0 writes the one message all ranks report.
-  std::string mine;
+  // "host\n" then what this rank waits for.
+  std::string mine = HostName() + "\n";
   if (blocked_on) {
-    for (const Request& q : blocked_on()) mine += (mine.empty() ? "" : ", ") + DescribeWait(q);
+    size_t n = 0;
+    for (const Request& q : blocked_on()) mine += (n++ ? ", " : "") + DescribeWait(q);
   }
   std::vector<std::vector<uint8_t>> gathered;
   HVD_RETURN_IF_ERROR(
@@ -266,8 +277,11 @@ Status Controller::TrackDeadlock(bool quiet, bool due, const BlockedOnFn& blocke
             "can complete (nothing was submitted or completed for "
          << deadlock_grace_seconds_ << " s, HOROVOD_DEADLOCK_GRACE_SECONDS): ";
     for (size_t r = 0; r < gathered.size(); ++r) {
-      const std::string what(gathered[r].begin(), gathered[r].end());
-      text << (r ? "; " : "") << "rank " << r << " waits for "
+      const std::string sent(gathered[r].begin(), gathered[r].end());
+      const size_t cut = sent.find('\n');
+      const std::string host = cut == std::string::npos ? "" : sent.substr(0, cut);
+      const std::string what = cut == std::string::npos ? sent : sent.substr(cut + 1);
+      text << (r ? "; " : "") << "rank " << r << " (" << host << ") waits for "
            << (what.empty() ? "nothing of its own" : what);
     }
     text << ". Every operation still pending on any rank fails; check that all ranks submit "

@@ -55,6 +55,12 @@ std::string DescribeByRank(const std::vector<const Request*>& reqs,
   return out;
 }
 
+// ". Called from: ranks 0, 1 at train.py:42; rank 2 at train.py:57", or "" when no rank said.
+std::string CalledFrom(const std::vector<const Request*>& reqs) {
+  const std::string sites = CallSitesByRank(reqs);
+  return sites.empty() ? sites : ". Called from: " + sites;
+}
+
 Response ErrorResponse(const Request& first, std::string message) {
   Response r;
   r.type = OpType::kError;
@@ -137,7 +143,8 @@ Response ConstructResponse(const std::vector<Request>& requests, const std::vect
     const std::string v0 = check.value(first);
     for (const Request* q : reqs) {
       if (check.value(*q) != v0) {
-        return ErrorResponse(first, prefix + check.what + ": " + DescribeByRank(reqs, check.value));
+        return ErrorResponse(first, prefix + check.what + ": " + DescribeByRank(reqs, check.value) +
+                                        CalledFrom(reqs));
       }
     }
   }
@@ -147,7 +154,7 @@ Response ConstructResponse(const std::vector<Request>& requests, const std::vect
                    "': not supported while " + RankWord(joined) +
                    (joined.size() == 1 ? " has" : " have") +
                    " called Join; only allreduce accepts joined ranks (they contribute zeros). "
-                   "With DistributedOptimizer, use sparse_as_dense=True");
+                   "With DistributedOptimizer, use sparse_as_dense=True" + CalledFrom(reqs));
   }
 
   Response r;
@@ -286,7 +293,8 @@ void Coordinator::CheckCrossedSets(const std::string& name) {
       const std::string message =
           std::string(OpTypeLowerName(all.front().type)) + " '" + name +
           "': mismatched process sets: " +
-          DescribeByRank(ptrs, [](const Request& q) { return std::to_string(q.process_set_id); });
+          DescribeByRank(ptrs, [](const Request& q) { return std::to_string(q.process_set_id); }) +
+          CalledFrom(ptrs);
       es.forced_error = et.forced_error = message;
       MarkReadyIfComplete(TensorKey{*s, name}, es);
       MarkReadyIfComplete(TensorKey{*t, name}, et);
@@ -377,12 +385,17 @@ std::vector<Coordinator::Pending> Coordinator::PendingSince(Clock::time_point cu
   const std::vector<int> joined = joined_ranks();
   for (const auto& [key, e] : table_) {
     if (e.first_seen > cutoff || e.queued) continue;
-    Pending p{key, {}, e.first_seen};
+    Pending p{key, {}, e.first_seen, {}};
     const bool joins_count = key.process_set_id == kGlobalProcessSetId && key.name != kJoinName;
     for (int m : e.members) {
       if (e.by_rank.count(m)) continue;
       if (joins_count && std::binary_search(joined.begin(), joined.end(), m)) continue;
       p.missing_ranks.push_back(m);
+    }
+    if (!p.missing_ranks.empty()) {
+      std::vector<const Request*> submitted;
+      for (const auto& [rank, q] : e.by_rank) submitted.push_back(&q);
+      p.submitted_at = CallSitesByRank(submitted);
     }
     ordered.emplace(e.seq, std::move(p));
   }

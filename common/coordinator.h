@@ -57,6 +57,7 @@ class Coordinator {
     TensorKey key;
     std::vector<int> missing_ranks;  // global ranks
     Clock::time_point first_seen;
+    std::string submitted_at;  // the submitting ranks' call sites (CallSitesByRank), or ""
   };
   // Pending tensors first seen at or before `cutoff`, in first-seen order.
   std::vector<Pending> PendingSince(Clock::time_point cutoff) const;

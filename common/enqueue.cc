@@ -4,6 +4,7 @@
 // at once as INVALID_ARGUMENT; what needs the other ranks is validated by the coordinator.
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include "base/mutex.h"
 #include <numeric>
@@ -18,7 +19,16 @@ using detail::CheckRunning;
 using detail::NameOrDefault;
 using detail::R;
 
+std::string CallSite::ToString() const {
+  if (file == nullptr || *file == '\0') return "";
+  const char* base = std::strrchr(file, '/');
+  return std::string(base ? base + 1 : file) + ":" + std::to_string(line);
+}
+
 namespace {
+
+// The calling thread's call site (CallSiteScope), copied into every request it submits.
+thread_local std::string t_call_site;
 
 std::string SupportedList(bool allow_bool) {
   std::string s;
@@ -137,11 +147,24 @@ TensorTableEntry NewEntry(OpType type, const std::string& name, int32_t process_
   q.process_set_id = process_set_id;
   q.tensor_name = name;
   q.shape = input.shape;
+  q.call_site = t_call_site;
   return e;
 }
 
 // Hands `entries` to the background thread under one handle that completes when all of them
 // have: with the first error, or with every entry's output (in order) for ops that have one.
+}  // namespace
+
+CallSiteScope::CallSiteScope(const CallSite& where) : CallSiteScope(where.ToString()) {}
+CallSiteScope::CallSiteScope(std::string where) : previous_(std::move(where)) {
+  t_call_site.swap(previous_);
+}
+CallSiteScope::~CallSiteScope() { t_call_site.swap(previous_); }
+
+const std::string& detail::CurrentCallSite() { return t_call_site; }
+
+namespace {
+
 Result<Handle> Submit(std::vector<TensorTableEntry> entries, StatusCallback callback) {
   detail::Runtime& rt = R();
   const Handle handle = rt.handles.Allocate();

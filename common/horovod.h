@@ -80,6 +80,36 @@ TensorView View(T* data, TensorShape shape) {
 using Handle = int64_t;
 using StatusCallback = std::function<void(const Status&)>;
 
+// Where the caller submits an operation from, named in error messages about it: mismatch
+// errors, stall warnings, deadlock and collective-timeout reports ("train.cpp:42"). Every
+// Enqueue* and blocking call made on this thread while a CallSiteScope lives carries it.
+// CallSite::Here() as a default argument records the caller's line (as std::source_location
+// does, with the compilers' __builtin_FILE/__builtin_LINE):
+//   Status Step(hvd::CallSite where = hvd::CallSite::Here());
+//   { hvd::CallSiteScope at(where); ... hvd::EnqueueAllreduce(...); }
+// The Python binding sets it from the caller's Python frame.
+struct CallSite {
+  const char* file = nullptr;
+  int line = 0;
+  static constexpr CallSite Here(const char* file = __builtin_FILE(),
+                                 int line = __builtin_LINE()) {
+    return CallSite{file, line};
+  }
+  std::string ToString() const;  // "file:line", "" when unknown; the file without directories
+};
+
+class CallSiteScope {
+ public:
+  explicit CallSiteScope(const CallSite& where);
+  explicit CallSiteScope(std::string where);  // already formatted, e.g. "train.py:42"
+  ~CallSiteScope();
+  CallSiteScope(const CallSiteScope&) = delete;
+  CallSiteScope& operator=(const CallSiteScope&) = delete;
+
+ private:
+  std::string previous_;
+};
+
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::kAverage;  // as in horovod.torch
   double prescale_factor = 1.0;      // applied to the input before the reduction

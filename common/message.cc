@@ -1,6 +1,7 @@
 // horovod_cpp — Apache-2.0
 #include "common/message.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/wire.h"
@@ -13,7 +14,7 @@ constexpr size_t kHeaderBytes = 16;
 enum class Kind : uint16_t { kRequestList = 1, kResponseList = 2 };
 
 // Smallest encodings, used to reject counts that cannot fit in the remaining bytes.
-constexpr size_t kMinRequestBytes = 4 + 4 + 4 * 4 + 8 * 2 + 4 * 4;
+constexpr size_t kMinRequestBytes = 4 + 4 + 4 * 4 + 8 * 2 + 4 * 5;
 constexpr size_t kMinResponseBytes = 4 + 5 * 4 + 8 * 2 + 4 * 4;
 
 void WriteEnums(wire::Writer& w, OpType type, DataType dtype, ReduceOp op) {
@@ -36,6 +37,7 @@ void WriteRequest(wire::Writer& w, const Request& r) {
   w.Str(r.tensor_name);
   w.I64Vec(r.shape);
   w.I64Vec(r.splits);
+  w.Str(r.call_site);
 }
 
 void WriteResponse(wire::Writer& w, const Response& r) {
@@ -87,7 +89,8 @@ Status ReadRequest(wire::Reader& rd, Request* r) {
   for (int64_t d : r->shape) {
     if (d < 0) return Status::InvalidArgument("corrupt message: negative dimension in shape");
   }
-  return rd.I64Vec(&r->splits, kMaxSplits, "alltoall splits");
+  HVD_RETURN_IF_ERROR(rd.I64Vec(&r->splits, kMaxSplits, "alltoall splits"));
+  return rd.Str(&r->call_site, kMaxCallSiteBytes, "call site");
 }
 
 Status ReadResponse(wire::Reader& rd, Response* r) {
@@ -177,7 +180,29 @@ bool Request::operator==(const Request& o) const {
          process_set_id == o.process_set_id && group_size == o.group_size &&
          group_name == o.group_name && prescale_factor == o.prescale_factor &&
          postscale_factor == o.postscale_factor && tensor_name == o.tensor_name &&
-         shape == o.shape && splits == o.splits;
+         shape == o.shape && splits == o.splits && call_site == o.call_site;
+}
+
+std::string CallSitesByRank(const std::vector<const Request*>& requests) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (const Request* q : requests) {
+    if (q->call_site.empty()) continue;
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == q->call_site; });
+    if (it == groups.end()) {
+      groups.push_back({q->call_site, {q->request_rank}});
+    } else {
+      it->second.push_back(q->request_rank);
+    }
+  }
+  std::string out;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const std::vector<int>& ranks = groups[i].second;
+    out += (i ? "; " : "") + std::string(ranks.size() == 1 ? "rank " : "ranks ");
+    for (size_t j = 0; j < ranks.size(); ++j) out += (j ? ", " : "") + std::to_string(ranks[j]);
+    out += " at " + groups[i].first;
+  }
+  return out;
 }
 
 bool Response::operator==(const Response& o) const {

@@ -8,7 +8,7 @@
 // Response per tensor that every member of its set has asked for, or an ERROR Response naming
 // the tensor and what each rank sent.
 //
-// Wire format (version 1), little-endian:
+// Wire format (version 2: the request's call site), little-endian:
 //   magic "HVDW" | u16 version | u16 kind (1 = RequestList, 2 = ResponseList)
 //   | u32 payload length | u32 CRC-32 of payload | payload
 // Parsing checks every length against the bytes that remain and validates enum values, so a
@@ -63,6 +63,10 @@ struct Request {
   // ALLTOALL: elements of dim 0 sent to each rank of the set. PROCESS_SET_ADD: the ranks.
   // PROCESS_SET_REMOVE: the id to remove.
   std::vector<int64_t> splits;
+  // Where the caller submitted it ("train.py:42"; empty when unknown): the Python binding
+  // takes it from the caller's frame, C++ callers pass it (hvd::CallSite). Only messages use
+  // it: mismatch errors, stall warnings, deadlock and collective-timeout reports.
+  std::string call_site;
 
   TensorKey key() const { return {process_set_id, tensor_name}; }
   bool operator==(const Request& o) const;
@@ -111,12 +115,17 @@ struct ResponseList {
   }
 };
 
-constexpr uint16_t kWireVersion = 1;
+constexpr uint16_t kWireVersion = 2;
 // Limits enforced by the parser (a real message is far below them).
 constexpr size_t kMaxNameBytes = 1 << 20;
 constexpr size_t kMaxTensorRank = 64;
 constexpr size_t kMaxSplits = size_t{1} << 24;  // e.g. a 4096 x 4096 alltoall matrix
 constexpr size_t kMaxErrorBytes = 1 << 20;
+constexpr size_t kMaxCallSiteBytes = 4096;
+
+// "ranks 0, 1 at train.py:42; rank 2 at train.py:57": the requests' ranks grouped by call
+// site, groups in order of their lowest rank; "" when no request has one.
+std::string CallSitesByRank(const std::vector<const Request*>& requests);
 
 std::vector<uint8_t> SerializeRequestList(const RequestList& list);
 std::vector<uint8_t> SerializeResponseList(const ResponseList& list);

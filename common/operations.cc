@@ -159,7 +159,7 @@ Status Wait(Handle handle) {
 // A waited handle's names may be submitted again (TensorQueue reserves them until then).
 // While it waits, the thread counts as blocked for deadlock detection (TensorQueue::Blocked).
 Result<std::vector<Output>> WaitOutputs(Handle handle) {
-  R().queue.BeginWait(handle);
+  R().queue.BeginWait(handle, detail::CurrentCallSite());
   Result<std::vector<Output>> r = R().handles.WaitOutputs(handle);
   R().queue.EndWait(handle);
   R().queue.ReleaseNames(handle);

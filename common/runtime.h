@@ -42,5 +42,8 @@ Status CheckRunning();
 // `name`, or "<op>.noname.<n>" with n counted per process and op type.
 std::string NameOrDefault(const std::string& name, OpType type);
 
+// The calling thread's call site (CallSiteScope), "" when none.
+const std::string& CurrentCallSite();
+
 }  // namespace detail
 }  // namespace hvd

@@ -64,7 +64,8 @@ StallInspector::Verdict StallInspector::Check(const std::vector<Coordinator::Pen
         "stalled: tensor '" + Describe(worst->key) + "' waited more than " +
         FormatSeconds(shutdown_seconds_) + " s for " +
         (worst->missing_ranks.size() == 1 ? "rank " : "ranks ") + ranks +
-        " (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=" + FormatSeconds(shutdown_seconds_) + ")";
+        " (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=" + FormatSeconds(shutdown_seconds_) + ")" +
+        (worst->submitted_at.empty() ? "" : "; submitted by " + worst->submitted_at);
   }
   if (!v.shutdown && last_warning_ && now - *last_warning_ < check_) return v;
   last_warning_ = now;
@@ -83,6 +84,17 @@ StallInspector::Verdict StallInspector::Check(const std::vector<Coordinator::Pen
     }
     if (names.size() > kMaxNamesPerRank) w << ", ... (" << names.size() << " in all)";
     w << "]";
+  }
+  // Where the ranks that did submit called from: the code the missing ranks did not reach.
+  size_t sites = 0;
+  for (const Coordinator::Pending& p : pending) {
+    if (now - p.first_seen < check_ || p.missing_ranks.empty() || p.submitted_at.empty()) continue;
+    if (sites++ == 0) w << "\nSubmitted at:";
+    if (sites > kMaxNamesPerRank) {
+      w << "\n...";
+      break;
+    }
+    w << "\n" << Describe(p.key) << ": " << p.submitted_at;
   }
   if (v.shutdown) {
     w << "\nOne or more rank (marked by \"!\") is stalled for longer than " << shutdown_seconds_

@@ -42,10 +42,12 @@ Status TensorQueue::Add(std::vector<TensorTableEntry> entries, Handle handle) {
   return Status::OK();
 }
 
-void TensorQueue::BeginWait(Handle handle) {
+void TensorQueue::BeginWait(Handle handle, const std::string& call_site) {
   {
     MutexLock lock(mu_);
-    ++waiting_[handle];
+    Waiters& w = waiting_[handle];
+    ++w.threads;
+    if (!call_site.empty()) w.call_site = call_site;
   }
   cv_.NotifyOne();  // ends a gathering background thread's wait (WaitForWork)
 }
@@ -53,17 +55,17 @@ void TensorQueue::BeginWait(Handle handle) {
 void TensorQueue::EndWait(Handle handle) {
   MutexLock lock(mu_);
   auto it = waiting_.find(handle);
-  if (it != waiting_.end() && --it->second == 0) waiting_.erase(it);
+  if (it != waiting_.end() && --it->second.threads == 0) waiting_.erase(it);
 }
 
 template <typename Visit>
 bool TensorQueue::VisitBlockedLocked(const Visit& visit) const {
-  for (const auto& [handle, threads] : waiting_) {
+  for (const auto& [handle, waiters] : waiting_) {
     auto names = reserved_by_handle_.find(handle);
     if (names == reserved_by_handle_.end()) continue;
     for (const TensorKey& key : names->second) {
       auto it = table_.find(key);
-      if (it != table_.end() && visit(it->second.request)) return true;
+      if (it != table_.end() && visit(it->second.request, waiters.call_site)) return true;
     }
   }
   return false;
@@ -71,14 +73,15 @@ bool TensorQueue::VisitBlockedLocked(const Visit& visit) const {
 
 bool TensorQueue::Blocked() const {
   MutexLock lock(mu_);
-  return VisitBlockedLocked([](const Request&) { return true; });
+  return VisitBlockedLocked([](const Request&, const std::string&) { return true; });
 }
 
 std::vector<Request> TensorQueue::BlockedOn() const {
   std::vector<Request> out;
   MutexLock lock(mu_);
-  VisitBlockedLocked([&](const Request& r) {
+  VisitBlockedLocked([&](const Request& r, const std::string& waiter_site) {
     out.push_back(r);
+    if (out.back().call_site.empty()) out.back().call_site = waiter_site;
     return false;
   });
   return out;

@@ -49,8 +49,10 @@ class TensorQueue {
   // name is still reserved (or repeated within `entries`). Wakes the background thread.
   Status Add(std::vector<TensorTableEntry> entries, Handle handle);
 
-  // Any thread: a framework thread starts / stops blocking in a wait on `handle`.
-  void BeginWait(Handle handle);
+  // Any thread: a framework thread starts / stops blocking in a wait on `handle`. `call_site`:
+  // where the waiter was called from (CallSiteScope), named in BlockedOn for requests that
+  // were submitted without one (e.g. by a C++ optimizer's gradient hook).
+  void BeginWait(Handle handle, const std::string& call_site = "");
   void EndWait(Handle handle);
   // Background thread. Whether a thread of this rank is blocked waiting on an operation that
   // has not started running (still queued): the deadlock vote, asked every cycle.
@@ -104,8 +106,8 @@ class TensorQueue {
  private:
   mutable Mutex mu_;
   CondVar cv_;
-  // Calls visit(request) for each queued request a blocked thread waits for, until it returns
-  // true; returns whether it did.
+  // Calls visit(request, waiter's call site) for each queued request a blocked thread waits
+  // for, until it returns true; returns whether it did.
   template <typename Visit>
   bool VisitBlockedLocked(const Visit& visit) const HVD_REQUIRES(mu_);
 
@@ -114,8 +116,13 @@ class TensorQueue {
   // Names reserved until their handle is released, and each handle's names.
   std::unordered_set<TensorKey, TensorKeyHash> reserved_ HVD_GUARDED_BY(mu_);
   std::unordered_map<Handle, std::vector<TensorKey>> reserved_by_handle_ HVD_GUARDED_BY(mu_);
-  // Handles some thread is blocked on -> how many threads wait on each.
-  std::unordered_map<Handle, int> waiting_ HVD_GUARDED_BY(mu_);
+  // Handles some thread is blocked on -> how many threads wait on each, and the latest
+  // waiter's call site.
+  struct Waiters {
+    int threads = 0;
+    std::string call_site;
+  };
+  std::unordered_map<Handle, Waiters> waiting_ HVD_GUARDED_BY(mu_);
   bool shutdown_requested_ HVD_GUARDED_BY(mu_) = false;
   bool closed_ HVD_GUARDED_BY(mu_) = false;
   // Removed process sets (ids are never reused): adds for them fail, so no entry can slip in

@@ -17,6 +17,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -119,6 +120,59 @@ std::string TypeStr(hvd::DataType t) {
       return "<i2";  // bfloat16 (numpy has none): the torch layer views the bits as bfloat16
   }
 }
+
+// ---- call sites ----
+// Frames under these path prefixes (horovod_cpp's own Python package, torch's) are not the
+// caller's: the call site is the first frame outside them, e.g. the user's `loss.backward()`
+// for a gradient allreduce started by DistributedOptimizer's hook.
+std::vector<std::string>& SkippedPrefixes() {
+  static std::vector<std::string> prefixes;
+  return prefixes;
+}
+
+// "file.py:42" of the innermost frame outside the skipped prefixes ("" without a frame).
+// Reads the frame chain directly (no traceback, no inspect): a few hundred nanoseconds.
+std::string PythonCallSite() {
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  if (frame == nullptr) return "";
+  Py_INCREF(frame);
+  std::string site;
+  while (frame != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    Py_ssize_t size = 0;
+    const char* file = PyUnicode_AsUTF8AndSize(code->co_filename, &size);
+    bool skipped = false;
+    if (file == nullptr) {
+      PyErr_Clear();
+      skipped = true;
+    } else {
+      for (const std::string& prefix : SkippedPrefixes()) {
+        if (static_cast<size_t>(size) >= prefix.size() &&
+            std::memcmp(file, prefix.data(), prefix.size()) == 0) {
+          skipped = true;
+          break;
+        }
+      }
+    }
+    if (!skipped) {
+      site.assign(file, static_cast<size_t>(size));
+      site += ':';
+      site += std::to_string(PyFrame_GetLineNumber(frame));
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = skipped ? PyFrame_GetBack(frame) : nullptr;  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  return site;
+}
+
+bool g_call_sites = true;  // set_call_sites(False): the latency benchmark's baseline
+
+// Makes the caller's Python call site the current one for the enqueue it wraps.
+struct PyCallSite : hvd::CallSiteScope {
+  PyCallSite() : hvd::CallSiteScope(g_call_sites ? PythonCallSite() : std::string()) {}
+};
 
 }  // namespace
 
@@ -255,44 +309,65 @@ PYBIND11_MODULE(_core, m) {
   // ---- operations: each returns a handle ----
   m.def("allreduce_async", [](const PyTensor& in, const PyTensor& out, const std::string& name,
                               int op, double pre, double post, int ps) {
+    PyCallSite at;
     return Get(hvd::EnqueueAllreduce(ToView(in), ToView(out), name, Options(op, pre, post, ps)));
   });
   m.def("grouped_allreduce_async",
         [](const std::vector<PyTensor>& ins, const std::vector<PyTensor>& outs,
            const std::string& name, int op, double pre, double post, int ps) {
+          PyCallSite at;
           return Get(hvd::EnqueueGroupedAllreduce(ToViews(ins), ToViews(outs), name,
                                                   Options(op, pre, post, ps)));
         });
   m.def("broadcast_async",
         [](const PyTensor& in, const PyTensor& out, int root, const std::string& name, int ps) {
+          PyCallSite at;
           return Get(hvd::EnqueueBroadcast(ToView(in), ToView(out), root, name, ps));
         });
   m.def("allgather_async", [](const PyTensor& in, const std::string& name, int ps) {
+    PyCallSite at;
     return Get(hvd::EnqueueAllgather(ToView(in), name, ps));
   });
   m.def("grouped_allgather_async",
         [](const std::vector<PyTensor>& ins, const std::string& name, int ps) {
+          PyCallSite at;
           return Get(hvd::EnqueueGroupedAllgather(ToViews(ins), name, ps));
         });
   m.def("alltoall_async",
         [](const PyTensor& in, const std::vector<int64_t>& splits, const std::string& name,
-           int ps) { return Get(hvd::EnqueueAlltoall(ToView(in), splits, name, ps)); });
+           int ps) {
+          PyCallSite at;
+          return Get(hvd::EnqueueAlltoall(ToView(in), splits, name, ps));
+        });
   m.def("reducescatter_async", [](const PyTensor& in, const PyTensor& out, const std::string& name,
                                   int op, double pre, double post, int ps) {
+    PyCallSite at;
     return Get(
         hvd::EnqueueReducescatter(ToView(in), ToView(out), name, Options(op, pre, post, ps)));
   });
   m.def("grouped_reducescatter_async",
         [](const std::vector<PyTensor>& ins, const std::vector<PyTensor>& outs,
            const std::string& name, int op, double pre, double post, int ps) {
+          PyCallSite at;
           return Get(hvd::EnqueueGroupedReducescatter(ToViews(ins), ToViews(outs), name,
                                                       Options(op, pre, post, ps)));
         });
   m.def("reducescatter_shape", [](const std::vector<int64_t>& shape, int ps) {
     return Get(hvd::ReducescatterShape(shape, ps));
   });
-  m.def("join_async", [] { return Get(hvd::EnqueueJoin()); });
+  m.def("join_async", [] {
+    PyCallSite at;
+    return Get(hvd::EnqueueJoin());
+  });
+  // Frames under these path prefixes are not the caller's call site (horovod_cpp.torch sets
+  // its package and torch's). call_site(): what an operation submitted here would record.
+  m.def("set_call_site_skip", [](const std::vector<std::string>& prefixes) {
+    SkippedPrefixes() = prefixes;
+  });
+  m.def("call_site", [] { return PythonCallSite(); });
+  m.def("set_call_sites", [](bool on) { g_call_sites = on; });
   m.def("barrier", [](int ps) {
+    PyCallSite at;
     hvd::Status s;
     {
       py::gil_scoped_release release;

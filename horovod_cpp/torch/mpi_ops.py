@@ -19,6 +19,11 @@ from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.process_sets import ProcessSet, _registered, global_process_set
 
 _core = horovod_cpp._import_core()
+# Error messages about a collective name the caller's file:line, the first frame outside
+# horovod_cpp and torch (a gradient's allreduce: the user's `loss.backward()`).
+_core.set_call_site_skip(sorted({
+    os.path.join(f(os.path.dirname(module.__file__)), "")
+    for module in (horovod_cpp, torch) for f in (os.path.abspath, os.path.realpath)}))
 
 HorovodInternalError = _core.HorovodInternalError
 HorovodPreconditionError = _core.HorovodPreconditionError

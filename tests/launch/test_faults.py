@@ -5,6 +5,7 @@ Each case runs the job with a hard timeout well under the test's own deadline; t
 on how long survivors may linger after a fault is a hang bound, not a speed target.
 """
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -17,6 +18,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fault_worker.py")
 HVDRUN = [sys.executable, "-m", "horovod_cpp.runner"]
 LINGER_S = 30  # survivors must be gone this long after the fault at the latest
+
+
+def line_of(code):
+    """The line of fault_worker.py that holds `code`."""
+    with open(WORKER) as f:
+        return next(i for i, line in enumerate(f, 1) if code in line)
 
 
 def mpirun(np, args, env=None, timeout=90):
@@ -64,6 +71,9 @@ def test_frozen_rank_ends_the_job_by_the_collective_timeout_naming_it(np, victim
     assert "longer than HOROVOD_COLLECTIVE_TIMEOUT_SECONDS=3" in out, out
     assert "no answer within 5 s from rank %d on host %s" % (victim, socket.gethostname()) in out
     assert "this rank waits for allreduce 'allreduce.grad." in out, out
+    # ... and the line of the worker's hvd.allreduce it is blocked in.
+    assert re.search(r"waits for allreduce 'allreduce\.grad\.\d' on process set 0 called at %s:%d"
+                     % (re.escape(WORKER), line_of("hvd.allreduce(x, name=\"grad.")), out), out
     # (Open MPI's own "MPI_ABORT was invoked" notice is not asserted: when two ranks abort at
     # once, mpirun sometimes fails to print it, "ORTE_ERROR_LOG: Data unpack would read past
     # end of buffer in show_help.c".)
@@ -95,6 +105,9 @@ def test_rank_that_never_submits_is_reported_then_shuts_the_job_down():
     assert r.returncode != 0, out
     assert "waiting for remainder of ranks for more than 1 seconds" in out, out
     assert "2: [allreduce.stalled.tensor]" in out, out  # names as horovod.torch forms them
+    # Where the ranks that did submit it called from.
+    assert "Submitted at:\nallreduce.stalled.tensor: ranks 0, 1 at %s:%d" % (
+        WORKER, line_of("hvd.allreduce(torch.ones(4), name=\"stalled.tensor\")")) in out, out
     assert "is stalled for longer than 3 seconds. Will shutdown." in out, out
     # The survivors' allreduce fails with the reason rather than hanging.
     assert "HorovodInternalError" in out and "stall" in out, out

@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "common/horovod.h"
 #include "tests/mpi/test_util.h"
 
@@ -29,16 +31,20 @@ double Seconds(Clock::time_point since) {
 TEST(Deadlock, BarrierAgainstAllgatherFailsOnEveryRank) {
   const auto start = Clock::now();
   std::vector<float> x(3, static_cast<float>(R()));
-  Status s;
-  if (R() == 0) {
-    s = Barrier();
-  } else {
-    s = Allgather(View(x.data(), {1, 3}), "deadlock.gather").status();
-  }
+  const int line = __LINE__ + 1;  // the call site the allgather's ranks give
+  auto gather = [&] { CallSiteScope at(CallSite::Here()); return Allgather(View(x.data(), {1, 3}), "deadlock.gather").status(); };  // NOLINT
+  const Status s = R() == 0 ? Barrier() : gather();  // the barrier gives none
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.code(), StatusCode::kAborted) << s.ToString();
-  std::string want = "rank 0 waits for barrier";
-  for (int r = 1; r < N(); ++r) want += "; rank " + std::to_string(r) + " waits for allgather 'deadlock.gather'";
+  // Every rank's line names its host, and the call site where the caller gave one.
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
+  std::string want = "rank 0 (" + std::string(host) + ") waits for barrier";
+  for (int r = 1; r < N(); ++r) {
+    want += "; rank " + std::to_string(r) + " (" + host +
+            ") waits for allgather 'deadlock.gather' called at deadlock_test.cc:" +
+            std::to_string(line);
+  }
   EXPECT_NE(s.message().find("deadlock: every rank is blocked waiting"), std::string::npos)
       << s.message();
   EXPECT_NE(s.message().find(want), std::string::npos) << s.message();

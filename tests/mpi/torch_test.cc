@@ -327,6 +327,38 @@ TEST(TorchDistributedOptimizer, HorovodChecksAndErrors) {
   EXPECT_THROW(ht::DistributedOptimizer(sgd, model->named_parameters(), bad), ht::Error);
 }
 
+// Rank 0 steps while the others wait in a barrier: the deadlock error names the line of
+// rank 0's Step() (its gradients' allreduces were started by autograd hooks, which know no
+// line of the caller's).
+TEST(TorchDistributedOptimizer, ADeadlockNamesTheLineOfStep) {
+  Mlp model = MakeModel();
+  auto sgd =
+      std::make_shared<::torch::optim::SGD>(model->parameters(), ::torch::optim::SGDOptions(0.1));
+  ht::DistributedOptimizer opt(sgd, model->named_parameters());
+  int line = 0;
+  std::string message;
+  try {
+    if (R() == 0) {
+      model->forward(::torch::ones({2, 5}, ::torch::kDouble)).sum().backward();
+      line = __LINE__ + 1;
+      opt.Step();
+    } else {
+      hvd::Status s = hvd::Barrier();
+      if (!s.ok()) throw ht::Error(s);
+    }
+    FAIL() << "a deadlock must throw";
+  } catch (const ht::Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("deadlock: every rank is blocked waiting"), std::string::npos) << message;
+  if (R() == 0) {
+    EXPECT_NE(message.find("' called at torch_test.cc:" + std::to_string(line)),
+              std::string::npos)
+        << message;
+  }
+  EXPECT_TRUE(hvd::Barrier().ok());  // the job goes on
+}
+
 TEST(TorchDistributedOptimizer, AGradientOnlySomeRanksComputeIsStillReduced) {
   // Rank 0 uses layer b; the others do not: every rank still submits b's gradient.
   Mlp model = MakeModel();

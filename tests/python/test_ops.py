@@ -3,6 +3,9 @@
 Every rank rebuilds every other rank's input from its seed, so the expected result is computed
 independently with plain torch.
 """
+import re
+import socket
+import sys
 import time
 
 import pytest
@@ -403,23 +406,77 @@ def test_exports_match_horovod_torch():
     assert issubclass(hvd.HorovodInternalError, RuntimeError)
 
 
+def here():
+    """The caller's file:line, as errors name the call site of a collective."""
+    frame = sys._getframe(1)
+    return "%s:%d" % (frame.f_code.co_filename, frame.f_lineno)
+
+
+def ranks_at(sites):
+    """"rank 0 at a.py:1; ranks 1, 2 at a.py:3": every rank's call site, grouped."""
+    groups = {}
+    for rank, site in enumerate(sites):
+        groups.setdefault(site, []).append(rank)
+    return "; ".join("%s %s at %s" % ("rank" if len(r) == 1 else "ranks",
+                                       ", ".join(map(str, r)), site)
+                     for site, r in sorted(groups.items(), key=lambda g: g[1][0]))
+
+
 def test_a_deadlock_is_an_error_on_every_rank_not_a_hang():
     # Rank 0 waits in a barrier, the others in an allgather: neither can complete.
     start = time.monotonic()
     with pytest.raises(hvd.HorovodInternalError) as info:
         if hvd.rank() == 0:
-            hvd.barrier()
+            site = here(); hvd.barrier()  # noqa: E702
         else:
-            hvd.allgather(torch.ones(1, 2), name="deadlocked")
+            site = here(); hvd.allgather(torch.ones(1, 2), name="deadlocked")  # noqa: E702
     message = str(info.value)
+    sites = same_on_every_rank(site)
+    host = socket.gethostname()
     assert "deadlock: every rank is blocked waiting" in message, message
-    want = "rank 0 waits for barrier" + "".join(
-        "; rank %d waits for allgather 'allgather.deadlocked'" % r for r in range(1, hvd.size()))
+    # Each rank's host and the line of the collective it is blocked in.
+    want = "rank 0 (%s) waits for barrier called at %s" % (host, sites[0]) + "".join(
+        "; rank %d (%s) waits for allgather 'allgather.deadlocked' called at %s"
+        % (r, host, sites[r]) for r in range(1, hvd.size()))
     assert want in message, message
     assert time.monotonic() - start >= 1.5  # the grace (conftest: 2 s)
     assert same_on_every_rank(message) == [message] * hvd.size()
     hvd.barrier()  # the job goes on, barriers realigned
     assert hvd.allgather(torch.ones(1, 2), name="deadlocked").shape == (hvd.size(), 2)
+
+
+def test_a_mismatch_names_every_ranks_call_site():
+    with pytest.raises(hvd.HorovodInternalError) as info:
+        if hvd.rank() == 0:
+            site = here(); hvd.allreduce(torch.ones(1), name="cs.shape")  # noqa: E702
+        else:
+            site = here(); hvd.allreduce(torch.ones(2), name="cs.shape")  # noqa: E702
+    sites = same_on_every_rank(site)
+    assert str(info.value).endswith(". Called from: " + ranks_at(sites)), str(info.value)
+    assert sites[0] != sites[-1]
+
+
+def test_a_gradients_call_site_is_the_users_backward_line():
+    # The optimizer's hook submits the allreduce from inside autograd: the call site named is
+    # the user's loss.backward(), not a line of horovod_cpp or torch.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    with pytest.raises(hvd.HorovodInternalError) as info:
+        if hvd.rank() == 0:
+            loss = model(torch.ones(1, 3)).sum()
+            site = here(); loss.backward()  # noqa: E702
+            opt.step()
+        else:
+            site = here(); hvd.barrier()  # noqa: E702
+    message = str(info.value)
+    sites = same_on_every_rank(site)
+    assert re.search(r"rank 0 \([^)]*\) waits for allreduce '[^']*(weight|bias)' called at %s"
+                     % re.escape(sites[0]), message), message
+    assert "rank 1 (%s) waits for barrier called at %s" % (socket.gethostname(), sites[1]) \
+        in message, message
+    hvd.barrier()
 
 
 def test_a_rank_computing_longer_than_the_grace_is_not_a_deadlock():

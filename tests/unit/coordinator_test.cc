@@ -101,6 +101,16 @@ TEST(Coordinator, ShapeMismatchNamesTensorAndEveryRanksShape) {
       "rank 2 sent [128, 32]");
 }
 
+TEST(Coordinator, MismatchNamesEveryRanksCallSite) {
+  std::vector<Request> reqs = {Allreduce("g", 0, {4}), Allreduce("g", 1, {5}),
+                               Allreduce("g", 2, {4})};
+  reqs[0].call_site = reqs[2].call_site = "train.py:42";
+  reqs[1].call_site = "train.py:57";
+  ExpectError(reqs,
+              "allreduce 'g': mismatched shapes: ranks 0, 2 sent [4]; rank 1 sent [5]. "
+              "Called from: ranks 0, 2 at train.py:42; rank 1 at train.py:57");
+}
+
 TEST(Coordinator, DtypeMismatch) {
   ExpectError(
       {Allreduce("t", 0, {4}, DataType::kFloat32), Allreduce("t", 1, {4}, DataType::kFloat16)},

@@ -12,8 +12,23 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 Coordinator::Pending P(const std::string& name, std::vector<int> missing, Clock::time_point since,
-                       int32_t set = 0) {
-  return Coordinator::Pending{TensorKey{set, name}, std::move(missing), since};
+                       int32_t set = 0, std::string submitted_at = "") {
+  return Coordinator::Pending{TensorKey{set, name}, std::move(missing), since,
+                              std::move(submitted_at)};
+}
+
+TEST(StallInspector, NamesWhereTheSubmittingRanksCalledFrom) {
+  StallInspector s(5, 10);
+  const auto t0 = Clock::now();
+  const auto v = s.Check({P("grad.w", {2}, t0, 0, "ranks 0, 1 at train.py:42")}, t0 + seconds(11));
+  ASSERT_TRUE(v.shutdown);
+  EXPECT_NE(v.warning.find("\nSubmitted at:\ngrad.w: ranks 0, 1 at train.py:42"),
+            std::string::npos)
+      << v.warning;
+  EXPECT_NE(v.shutdown_reason.find("for rank 2 (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=10); "
+                                   "submitted by ranks 0, 1 at train.py:42"),
+            std::string::npos)
+      << v.shutdown_reason;
 }
 
 TEST(StallInspector, WarnsAfterTheCheckTimeNamingMissingRanks) {

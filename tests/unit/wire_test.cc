@@ -26,6 +26,7 @@ RequestList SampleRequests() {
   a.postscale_factor = 3.5;
   a.tensor_name = "grad/\"odd\" name\n\xc3\xa9";
   a.shape = {128, 64, 0};
+  a.call_site = "/home/u/train.py:42";
   Request b;
   b.type = OpType::kAlltoall;
   b.root_rank = 1;
@@ -105,10 +106,10 @@ TEST(Wire, WrongKindVersionAndMagicAreNamed) {
   Result<ResponseList> wrong_kind = ParseResponseList(bytes.data(), bytes.size());
   EXPECT_NE(wrong_kind.status().message().find("kind 1, expected 2"), std::string::npos);
 
-  std::vector<uint8_t> v2 = bytes;
-  v2[4] = 2;  // version
+  std::vector<uint8_t> v1 = bytes;
+  v1[4] = 1;  // version 1: before requests carried their call site
   EXPECT_NE(
-      ParseRequestList(v2.data(), v2.size()).status().message().find("unsupported wire version 2"),
+      ParseRequestList(v1.data(), v1.size()).status().message().find("unsupported wire version 1"),
       std::string::npos);
 
   std::vector<uint8_t> magic = bytes;
@@ -177,6 +178,7 @@ TEST(Wire, HostileCountsWithValidChecksumAreRejected) {
     p.U32(0);
     p.U32(0);
     p.U32(0);
+    p.U32(0);  // call site
     auto msg = FrameRequestPayload(p.bytes());
     Result<RequestList> r = ParseRequestList(msg.data(), msg.size());
     ASSERT_FALSE(r.ok());
