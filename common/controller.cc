@@ -29,12 +29,6 @@ bool TestBit(const uint64_t* words, uint32_t bit) { return (words[bit / 64] >> (
 void SetBit(uint64_t* words, uint32_t bit) { words[bit / 64] |= uint64_t{1} << (bit % 64); }
 void ClearBit(uint64_t* words, uint32_t bit) { words[bit / 64] &= ~(uint64_t{1} << (bit % 64)); }
 
-std::string RankList(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
-
 // What a rank outside a response's process set remembers in its cache: the key and kind,
 // enough to keep bit numbering identical everywhere; it never looks the entry up.
 Request Placeholder(const Response& r) {
@@ -321,6 +315,7 @@ Status Controller::SlowPath(std::vector<Request> misses, bool shutdown_requested
   counters_->coordinator_rounds.fetch_add(1, std::memory_order_relaxed);
   RequestList mine;
   mine.shutdown = shutdown_requested;
+  if (shutdown_requested) mine.shutdown_host = HostName();
   for (Request& r : misses) {
     sent_[r.key()] = r;
     mine.requests.push_back(std::move(r));
@@ -331,7 +326,7 @@ Status Controller::SlowPath(std::vector<Request> misses, bool shutdown_requested
   std::vector<uint8_t> answer;
   if (coordinator_) {
     ResponseList list;
-    std::vector<int> shutdown_ranks;
+    std::vector<std::string> shutdown_ranks;  // "rank 1 (host)"
     const auto now = Clock::now();
     for (size_t rank = 0; rank < gathered.size(); ++rank) {
       Result<RequestList> parsed = ParseRequestList(gathered[rank].data(), gathered[rank].size());
@@ -344,7 +339,10 @@ Status Controller::SlowPath(std::vector<Request> misses, bool shutdown_requested
       if (Recording() && rank != 0) {  // rank 0's own were recorded when it enqueued them
         for (const Request& r : parsed->requests) NegotiationSeen(r, static_cast<int>(rank));
       }
-      if (parsed->shutdown) shutdown_ranks.push_back(static_cast<int>(rank));
+      if (parsed->shutdown) {
+        shutdown_ranks.push_back("rank " + std::to_string(rank) + " (" + parsed->shutdown_host +
+                                 ")");
+      }
     }
     list.responses = coordinator_->TakeReadyResponses();
     if (stall_shutdown_) {
@@ -352,7 +350,10 @@ Status Controller::SlowPath(std::vector<Request> misses, bool shutdown_requested
       list.shutdown_reason = stall_reason_;
     } else if (!shutdown_ranks.empty()) {
       list.shutdown = true;
-      list.shutdown_reason = "shutdown requested by " + RankList(shutdown_ranks);
+      list.shutdown_reason = "shutdown requested by ";
+      for (size_t i = 0; i < shutdown_ranks.size(); ++i) {
+        list.shutdown_reason += (i ? ", " : "") + shutdown_ranks[i];
+      }
     }
     answer = SerializeResponseList(list);
   }

@@ -217,6 +217,7 @@ bool Response::operator==(const Response& o) const {
 std::vector<uint8_t> SerializeRequestList(const RequestList& list) {
   wire::Writer w;
   w.U8(list.shutdown ? 1 : 0);
+  if (list.shutdown) w.Str(list.shutdown_host);
   w.U32(static_cast<uint32_t>(list.requests.size()));
   for (const Request& r : list.requests) WriteRequest(w, r);
   return Frame(Kind::kRequestList, std::move(w.bytes()));
@@ -238,6 +239,7 @@ Result<RequestList> ParseRequestList(const uint8_t* data, size_t size) {
   HVD_RETURN_IF_ERROR(rd.U8(&shutdown, "shutdown flag"));
   if (shutdown > 1) return Status::InvalidArgument("corrupt message: shutdown flag");
   list.shutdown = shutdown == 1;
+  if (list.shutdown) HVD_RETURN_IF_ERROR(rd.Str(&list.shutdown_host, kMaxNameBytes, "host"));
   uint32_t n = 0;
   HVD_RETURN_IF_ERROR(rd.Count(&n, kMinRequestBytes, "request count"));
   list.requests.resize(n);

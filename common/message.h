@@ -99,8 +99,9 @@ struct Response {
 struct RequestList {
   std::vector<Request> requests;
   bool shutdown = false;
+  std::string shutdown_host;  // with shutdown: the requesting rank's host, for the message
   bool operator==(const RequestList& o) const {
-    return requests == o.requests && shutdown == o.shutdown;
+    return requests == o.requests && shutdown == o.shutdown && shutdown_host == o.shutdown_host;
   }
 };
 

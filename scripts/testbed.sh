@@ -6,6 +6,8 @@
 #   testbed.sh exec HOST CMD...     runs CMD as on HOST (its network and its hostname)
 #   testbed.sh status               the hosts that are up, their addresses and sshd
 #   testbed.sh link HOST up|down    takes a host's link down (a network fault) or back up
+#   testbed.sh rate HOST RATE|off   limits a host's outgoing traffic to RATE (tc tbf, e.g.
+#                                   1mbit) while it runs, or lifts the limit
 #   testbed.sh kill HOST            kills every process on HOST but its sshd (a host whose
 #                                   job processes all died; the host itself stays up)
 #   testbed.sh spark up [--cores C] [--gpus G] [--python PY]
@@ -244,6 +246,21 @@ cmd_link() {
   in_ns "$h" ip link set eth0 "$state"
 }
 
+cmd_rate() {
+  local h=${1:-} rate=${2:-}
+  [[ -n $h && -n $rate ]] || die "usage: testbed.sh rate HOST RATE|off"
+  ip netns list | awk '{print $1}' | grep -qx "$h" || die "no test host '$h'"
+  if [[ $rate == off ]]; then
+    in_ns "$h" tc qdisc del dev eth0 root 2>/dev/null || true
+    return 0
+  fi
+  local bits
+  bits=$(parse_rate_bits "$rate") || die "rate '$rate' is not a tc rate such as 1mbit or 10gbit"
+  local burst=$(( bits / 8 / 100 ))
+  (( burst < 65536 )) && burst=65536
+  in_ns "$h" tc qdisc replace dev eth0 root tbf rate "$rate" burst "$burst" latency 100ms
+}
+
 cmd_kill() {
   local h=${1:-} keep="" pid
   [[ -n $h ]] || die "usage: testbed.sh kill HOST"
@@ -433,6 +450,7 @@ case "${1:-}" in
   exec) shift; cmd_exec "$@" ;;
   link) shift; cmd_link "$@" ;;
   kill) shift; cmd_kill "$@" ;;
+  rate) shift; cmd_rate "$@" ;;
   status) cmd_status ;;
   *) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

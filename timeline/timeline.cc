@@ -12,6 +12,7 @@
 #include <pthread.h>
 #endif
 
+#include "base/logging.h"
 #include "timeline/trace_json.h"
 
 namespace hvd {
@@ -47,7 +48,7 @@ Timeline::~Timeline() {
   Stop();
   {
     MutexLock lock(mu_);
-    commands_.push_back(Command{Command::kExit});
+    commands_.push_back(Command(Command::kExit));
     ++commands_sent_;
   }
   cv_.NotifyOne();
@@ -61,8 +62,9 @@ bool Timeline::Start(const std::string& path, bool mark_cycles, std::string* err
     return false;
   }
   UniqueLock lock(mu_);
-  Command c{Command::kStart};
+  Command c(Command::kStart);
   c.fd = fd;
+  c.path = path;
   c.gen = gen_.load() + 1;
   c.start_ns = NowNs();
   c.epoch_micros = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -82,7 +84,7 @@ uint64_t Timeline::Stop() {
   UniqueLock lock(mu_);
   if (!active_.load()) return 0;
   active_.store(false);
-  commands_.push_back(Command{Command::kStop});
+  commands_.push_back(Command(Command::kStop));
   const uint64_t ticket = ++commands_sent_;
   cv_.NotifyOne();
   while (commands_done_ < ticket) done_cv_.Wait(lock);
@@ -175,6 +177,8 @@ void Timeline::WriterMain() {
       }
       if (c.type == Command::kStart) {
         fd_ = c.fd;
+        path_ = c.path;
+        write_failed_ = false;
         file_gen_ = c.gen;
         file_start_ns_ = c.start_ns;
         written_.assign(written_.size(), false);
@@ -260,7 +264,15 @@ void Timeline::WriteOut() {
     const ssize_t n = ::write(fd_, out_.data() + done, out_.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      break;  // disk full or similar: this batch is lost, later ones are tried again
+      // Disk full or similar: this batch is lost, later ones are tried again. Training goes
+      // on; one warning per file says so.
+      if (!write_failed_) {
+        write_failed_ = true;
+        HVD_LOG(WARNING) << "timeline: cannot write to '" << path_ << "': " << std::strerror(errno)
+                         << "; training goes on, and timeline events that cannot be written "
+                            "are lost (no further warning for this file)";
+      }
+      break;
     }
     done += static_cast<size_t>(n);
   }

@@ -85,8 +85,10 @@ class Timeline {
     uint8_t kind;
   };
   struct Command {
-    enum { kStart, kStop, kExit } type;
+    enum Type { kStart, kStop, kExit } type;
+    explicit Command(Type t) : type(t) {}
     int fd = -1;
+    std::string path;
     uint32_t gen = 0;
     int64_t start_ns = 0;
     int64_t epoch_micros = 0;
@@ -125,6 +127,8 @@ class Timeline {
   std::vector<std::string> names_;  // by pid
   std::vector<bool> written_;       // by pid: metadata already in the current file
   int fd_ = -1;
+  std::string path_;
+  bool write_failed_ = false;  // this file's writes failed once (warned; not again)
   uint32_t file_gen_ = 0;
   int64_t file_start_ns_ = 0;
   uint64_t dropped_at_start_ = 0;

@@ -131,7 +131,14 @@ class GlooJob(object):
         self.hosts = hosts or [("localhost", np)]
         self.placement = assign(self.hosts, np)
         self.env = dict(env or {})
-        self.on_line = on_line or (lambda rank, stream, text: None)
+        user_on_line = on_line or (lambda rank, stream, text: None)
+        self.shut_down_by = None  # (rank, host) of the rank that shut the job down, if one did
+
+        def on_line_(rank, stream, text):
+            if self.shut_down_by is None and rank is not None:
+                self.shut_down_by = mpirun.shut_down_by(text)
+            user_on_line(rank, stream, text)
+        self.on_line = on_line_
         self.ssh_args = list(ssh_args)
         self.network_interface = network_interface
         self.grace = grace
@@ -234,8 +241,10 @@ class GlooJob(object):
             why = "ssh to %s failed (exit code 255)" % host
         else:
             why = proc.describe_exit(code)
-        return (128 - code if code < 0 else code,
-                "rank %d (on %s) ended with %s" % (rank, host, why))
+        message = "rank %d (on %s) ended with %s" % (rank, host, why)
+        if self.shut_down_by is not None and self.shut_down_by[0] != rank:
+            message += "; rank %d (on %s) shut the job down" % self.shut_down_by
+        return (128 - code if code < 0 else code, message)
 
 
 def run(args, command, hosts, env):

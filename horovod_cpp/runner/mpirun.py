@@ -233,6 +233,17 @@ _TAG_ANYWHERE = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr)>:")
 _SIGNALED = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on signal "
                        r"(\d+) \(([^)]*)\)")
 _PROCESS = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]")
+_SHUT_DOWN_BY = re.compile(r"shutdown requested by rank (\d+) \(([^)]*)\)")
+
+
+def shut_down_by(line):
+    """(rank, host) of the rank that shut the job down, when a rank's `line` reports it (the
+    ranks that did not fail first, e.g. a rank that raised, see "shutdown requested by rank 1
+    (host)"); else None."""
+    if "shutdown requested by" not in line:
+        return None
+    m = _SHUT_DOWN_BY.search(line)
+    return (int(m.group(1)), m.group(2)) if m else None
 _EXIT_CODE = re.compile(r"Exit code:\s+(\d+)")
 
 
@@ -281,6 +292,14 @@ class Result(object):
         if self.failed_rank is not None:
             text += ": rank %d exited with %s" % (self.failed_rank, self.failure)
         lines = self.tails.get(self.failed_rank) if self.failed_rank is not None else None
+        culprit = self._shut_down_by()
+        if culprit is not None and culprit[0] != self.failed_rank:
+            # Not the rank that exited first: the one whose failure shut the job down.
+            text += "; rank %d (on %s) shut the job down" % culprit
+            if self.tails.get(culprit[0]):
+                lines = self.tails[culprit[0]]
+                text += "\nlast output of rank %d:\n  %s" % (culprit[0], "\n  ".join(lines))
+                return text
         timed_out = self._collective_timeout() if self.failed_rank is None else None
         if lines:
             text += "\nlast output of rank %d:\n  %s" % (self.failed_rank, "\n  ".join(lines))
@@ -289,6 +308,14 @@ class Result(object):
         elif self.failed_rank is None and self.launcher_tail:
             text += "\nlast output of mpirun:\n  %s" % "\n  ".join(self.launcher_tail)
         return text
+
+    def _shut_down_by(self):
+        for rank in sorted(r for r in self.tails if r is not None):
+            for line in self.tails[rank]:
+                culprit = shut_down_by(line)
+                if culprit is not None:
+                    return culprit
+        return None
 
     def _collective_timeout(self):
         """The first rank's report of a collective timeout (it names the silent ranks and

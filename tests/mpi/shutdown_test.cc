@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "common/horovod.h"
 
 namespace hvd {
@@ -34,7 +36,11 @@ TEST(Shutdown, OneRankStopsEveryRankAndPendingHandlesFailOnce) {
   }
   const Status s = Wait(*h);
   EXPECT_EQ(s.code(), StatusCode::kAborted);
-  EXPECT_NE(s.message().find("horovod_cpp has been shut down (shutdown requested by rank 0)"),
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
+  // The rank that shut down, and its host.
+  EXPECT_NE(s.message().find("horovod_cpp has been shut down (shutdown requested by rank 0 (" +
+                             std::string(host) + "))"),
             std::string::npos)
       << s.message();
   EXPECT_EQ(callbacks.load(), 1);

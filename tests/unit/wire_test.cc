@@ -13,6 +13,7 @@ namespace {
 RequestList SampleRequests() {
   RequestList list;
   list.shutdown = true;
+  list.shutdown_host = "hvd-h2";
   Request a;
   a.request_rank = 3;
   a.type = OpType::kAllreduce;
