@@ -190,6 +190,10 @@ UsePAM no
 StrictModes no
 MaxStartups 64
 MaxSessions 64
+# A session whose client is cut off (the host's link down) ends within ~10 s instead of
+# retransmitting for many minutes: what a cluster's sshd should do too (README).
+ClientAliveInterval 3
+ClientAliveCountMax 3
 EOF
     in_ns "$h" unshare --uts sh -c "hostname $h && exec /usr/sbin/sshd -f $STATE/sshd_config.$h -E $STATE/sshd-$h.log"
   done

@@ -208,7 +208,14 @@ def make_command(args, mpirun_path="mpirun", cpu_count=None):
     if args.output_filename:
         host_args += ["--output-filename", os.path.abspath(args.output_filename)]
     ssh_args = mpirun.ssh_options(args.ssh_port, args.ssh_identity_file)
-    if ssh_args:
+    rsh_agent = None
+    if hosts and "plm_rsh_agent" not in args.mpi_args and not all(
+            mpirun.is_this_host(h) for h, _ in hosts):
+        # ssh with the remote orted under a guard that ends it, and its ranks, when the session
+        # ends (runner/ssh_agent.py: a host whose link went down keeps nothing of the job).
+        rsh_agent = " ".join([sys.executable, "-m", "horovod_cpp.runner.ssh_agent"] +
+                             ssh_args + ["--"])
+    elif ssh_args:
         host_args += ["-mca", "plm_rsh_args", " ".join(ssh_args)]
     if args.network_interface:
         env["NCCL_SOCKET_IFNAME"] = args.network_interface
@@ -222,7 +229,7 @@ def make_command(args, mpirun_path="mpirun", cpu_count=None):
         raise ValueError("--mpi-args: %s" % e)
     argv = mpirun.build_command(args.np, command, hosts=hosts, env=env, passthrough=passthrough,
                                 mpi_args=mpi_args, oversubscribe=oversubscribe,
-                                mpirun=mpirun_path)
+                                rsh_agent=rsh_agent, mpirun=mpirun_path)
     return argv, hosts
 
 

@@ -88,13 +88,18 @@ def bed_is_up():
 
 
 class Scenario(object):
-    def __init__(self, seed, bed, kind=None):
+    def __init__(self, seed, bed, kind=None, backend=None):
         rng = random.Random(seed)
         self.seed = seed
-        kinds = [k for k, v in FAULTS.items() if bed or not v[3]]
+        kinds = [k for k, v in FAULTS.items() if (bed or not v[3])
+                 and (backend is None or backend in v[0])]
         self.kind = kind or rng.choice(kinds)
         backends, workloads, self.outcome, needs_bed = FAULTS[self.kind]
         self.backend = rng.choice(backends)
+        if backend is not None:
+            if backend not in backends:
+                raise SystemExit("chaos: %s does not apply to %s" % (self.kind, backend))
+            self.backend = backend
         self.workload = rng.choice(workloads)
         if self.backend == "elastic":
             self.layout, self.np = "local", 3
@@ -125,6 +130,11 @@ class Scenario(object):
         return ("seed %d: %s on %s np %d (%s), %s, rank %d at step %d"
                 % (self.seed, self.kind, self.backend, self.np, self.layout, self.workload,
                    self.victim, self.step))
+
+    def replay(self, bed):
+        """The arguments that draw this scenario again."""
+        return "--replay %d --kind %s --backend %s%s" % (self.seed, self.kind, self.backend,
+                                                        "" if bed else " --no-bed")
 
 
 # ---- processes ---------------------------------------------------------------------------------
@@ -520,6 +530,7 @@ def main():
     p.add_argument("--ci", action="store_true")
     p.add_argument("--replay", type=int)
     p.add_argument("--kind", choices=list(FAULTS), help="only this fault kind")
+    p.add_argument("--backend", choices=["mpi", "gloo", "elastic"], help="only this backend")
     p.add_argument("--report", help="write the table (Markdown) here")
     p.add_argument("--results", help="append every run's record (JSON lines) here")
     p.add_argument("--python", default=os.path.join(ROOT, ".venv", "bin", "python"))
@@ -527,12 +538,13 @@ def main():
     args = p.parse_args()
     bed = bed_is_up() and not args.no_bed
     if args.replay is not None:
-        scenarios = [Scenario(args.replay, bed, args.kind)]
+        scenarios = [Scenario(args.replay, bed, args.kind, args.backend)]
     elif args.ci:
         scenarios = ci_scenarios(bed)
     else:
         rng = random.Random(args.seed)
-        scenarios = [Scenario(rng.randrange(1 << 30), bed, args.kind) for _ in range(args.runs)]
+        scenarios = [Scenario(rng.randrange(1 << 30), bed, args.kind, args.backend)
+                     for _ in range(args.runs)]
     discovery_dir = tempfile.mkdtemp(prefix="hvd-chaos-")
     with open(os.path.join(discovery_dir, "hosts.txt"), "w") as f:
         f.write("localhost:1\n127.0.0.1:1\n%s:1\n" % socket.gethostname())
@@ -567,10 +579,11 @@ def main():
     if args.report:
         with open(args.report, "w") as f:
             f.write(report + "\n")
-    bad = [r for r in results if r["outcome"] != "ok"]
+    bad = [(r, sc) for r, sc in zip(results, scenarios) if r["outcome"] != "ok"]
     if bad:
-        print("chaos: %d of %d runs broke the invariant (replay: chaos.py --replay SEED): %s"
-              % (len(bad), len(results), ", ".join(str(r["seed"]) for r in bad)), file=sys.stderr)
+        print("chaos: %d of %d runs broke the invariant; replay each with tests/chaos/chaos.py %s"
+              % (len(bad), len(results), ", ".join(sc.replay(bed) for _, sc in bad)),
+              file=sys.stderr)
         return 1
     return 0
 
