@@ -310,8 +310,9 @@ class Run(object):
         start = time.monotonic()
         # The tag in every process's environment too (elastic workers have no spec argument).
         env = dict(os.environ, PYTHONUNBUFFERED="1", CHAOS_TAG=self.tag)
+        # From a directory of its own: the installed horovod_cpp, not the source tree, is run.
         proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=env, cwd=ROOT)
+                                start_new_session=True, env=env, cwd=self.discovery_dir)
         reader = threading.Thread(target=self.read, args=(proc.stdout,), daemon=True)
         reader.start()
         ended = None
