@@ -254,6 +254,8 @@ Status BackgroundLoop::StartWatchdog() {
   if (dog.ok()) {
     watchdog_ = std::move(*dog);
     mine = watchdog_->Endpoint();
+    HVD_LOG(INFO) << "collective timeout: this rank answers the others' probes on TCP port "
+                  << watchdog_->port();
   } else {  // every rank still takes part in the exchange below
     HVD_LOG(WARNING) << dog.status().message() << "; this rank will not answer the others'";
   }

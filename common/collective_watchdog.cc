@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <array>
 #include <map>
 #include <random>
 #include <sstream>
@@ -26,8 +27,57 @@ namespace hvd {
 namespace {
 
 constexpr size_t kMaxText = 4096;      // longest host name, address or answer accepted
-constexpr size_t kRequestBytes = 12;   // token (8) + asking rank (4)
+constexpr size_t kRequestBytes = 12;   // asking rank (4) + tag (8)
 constexpr size_t kMaxListed = 16;      // ranks listed one by one in a report
+constexpr size_t kMaxIncoming = 64;    // questions being read at once; more are refused
+constexpr auto kServeTime = std::chrono::milliseconds(500);  // to ask, once connected
+
+// SipHash-2-4 (Aumasson and Bernstein): a keyed MAC, here over the connection's nonce, so a
+// recorded question or answer is worth nothing on another connection.
+uint64_t Rotl(uint64_t x, int b) { return (x << b) | (x >> (64 - b)); }
+uint64_t Load64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+uint64_t SipHash(const std::array<uint8_t, CollectiveWatchdog::kKeyBytes>& key,
+                 const std::vector<uint8_t>& in) {
+  const uint64_t k0 = Load64(key.data()), k1 = Load64(key.data() + 8);
+  uint64_t v0 = 0x736f6d6570736575ULL ^ k0, v1 = 0x646f72616e646f6dULL ^ k1;
+  uint64_t v2 = 0x6c7967656e657261ULL ^ k0, v3 = 0x7465646279746573ULL ^ k1;
+  auto round = [&] {
+    v0 += v1; v1 = Rotl(v1, 13); v1 ^= v0; v0 = Rotl(v0, 32);
+    v2 += v3; v3 = Rotl(v3, 16); v3 ^= v2;
+    v0 += v3; v3 = Rotl(v3, 21); v3 ^= v0;
+    v2 += v1; v1 = Rotl(v1, 17); v1 ^= v2; v2 = Rotl(v2, 32);
+  };
+  const size_t n = in.size(), whole = n / 8 * 8;
+  for (size_t i = 0; i < whole; i += 8) {
+    const uint64_t m = Load64(in.data() + i);
+    v3 ^= m;
+    round();
+    round();
+    v0 ^= m;
+  }
+  uint64_t last = static_cast<uint64_t>(n & 0xff) << 56;
+  for (size_t i = whole; i < n; ++i) last |= static_cast<uint64_t>(in[i]) << (8 * (i - whole));
+  v3 ^= last;
+  round();
+  round();
+  v0 ^= last;
+  v2 ^= 0xff;
+  for (int i = 0; i < 4; ++i) round();
+  return v0 ^ v1 ^ v2 ^ v3;
+}
+
+// The tag of a question ('Q': nonce, asking rank) or an answer ('A': nonce, body).
+uint64_t Tag(const std::array<uint8_t, CollectiveWatchdog::kKeyBytes>& key, char kind,
+             const uint8_t* nonce, const uint8_t* data, size_t size) {
+  std::vector<uint8_t> in{static_cast<uint8_t>(kind)};
+  in.insert(in.end(), nonce, nonce + CollectiveWatchdog::kNonceBytes);
+  in.insert(in.end(), data, data + size);
+  return SipHash(key, in);
+}
 
 double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
@@ -121,12 +171,9 @@ std::vector<uint8_t> CollectiveWatchdog::Endpoint() const {
 
 std::vector<uint8_t> CollectiveWatchdog::MakeTable(
     const std::vector<std::vector<uint8_t>>& endpoints) {
-  std::random_device random;
-  const uint64_t token = (uint64_t{random()} << 32) ^ random() ^
-                         static_cast<uint64_t>(
-                             std::chrono::steady_clock::now().time_since_epoch().count());
+  std::random_device random;  // the kernel's random source
   wire::Writer w;
-  w.I64(static_cast<int64_t>(token));
+  for (size_t i = 0; i < kKeyBytes; ++i) w.U8(static_cast<uint8_t>(random()));
   w.U32(static_cast<uint32_t>(endpoints.size()));
   for (const std::vector<uint8_t>& e : endpoints) w.Str(std::string(e.begin(), e.end()));
   return std::move(w.bytes());
@@ -134,9 +181,9 @@ std::vector<uint8_t> CollectiveWatchdog::MakeTable(
 
 Status CollectiveWatchdog::SetTable(const std::vector<uint8_t>& table) {
   wire::Reader r(table.data(), table.size());
-  int64_t token = 0;
+  std::array<uint8_t, kKeyBytes> key{};
   uint32_t count = 0;
-  HVD_RETURN_IF_ERROR(r.I64(&token, "watchdog token"));
+  for (uint8_t& b : key) HVD_RETURN_IF_ERROR(r.U8(&b, "watchdog key"));
   HVD_RETURN_IF_ERROR(r.Count(&count, 4, "watchdog endpoints"));
   std::vector<Peer> peers(count);
   for (Peer& p : peers) {
@@ -157,8 +204,12 @@ Status CollectiveWatchdog::SetTable(const std::vector<uint8_t>& table) {
   if (options_.rank < 0 || options_.rank >= static_cast<int>(peers.size())) {
     return Status::InvalidArgument("collective timeout: rank outside the endpoint table");
   }
+  if (keyed_.load(std::memory_order_acquire)) {
+    return Status::FailedPrecondition("collective timeout: the endpoint table is set once");
+  }
   peers_ = std::move(peers);
-  token_.store(static_cast<uint64_t>(token));
+  key_ = key;
+  keyed_.store(true, std::memory_order_release);
   return Status::OK();
 }
 
@@ -207,21 +258,36 @@ std::string CollectiveWatchdog::ActivityLocked() {
 void CollectiveWatchdog::Run() {
   const auto timeout = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(options_.timeout_seconds));
+  // Questions being read: every connection gets a fresh nonce at once and kServeTime to ask,
+  // all served together, so a client that connects and says nothing (or hundreds of them)
+  // delays neither the other ranks' questions nor this rank's own timeout.
+  std::vector<Incoming> incoming;
   while (!stop_.load()) {
-    pollfd p{listen_fd_, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(kTick.count())) > 0) {
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd >= 0) {
-        Serve(fd);
-        ::close(fd);
+    std::vector<pollfd> fds{pollfd{listen_fd_, POLLIN, 0}};
+    for (const Incoming& c : incoming) fds.push_back(pollfd{c.fd, POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), static_cast<int>(kTick.count())) > 0) {
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents != 0) Read(incoming[i - 1]);
+      }
+      if (fds[0].revents & POLLIN) Accept(&incoming);
+    }
+    const auto now = std::chrono::steady_clock::now();
+    for (Incoming& c : incoming) {
+      if (c.fd >= 0 && now > c.deadline) {
+        ::close(c.fd);
+        c.fd = -1;
+        refused_.fetch_add(1);
       }
     }
+    incoming.erase(std::remove_if(incoming.begin(), incoming.end(),
+                                  [](const Incoming& c) { return c.fd < 0; }),
+                   incoming.end());
     if (fired_) continue;
     double waited = 0;
     {
       MutexLock lock(mu_);
       if (!watching_) continue;
-      const auto elapsed = std::chrono::steady_clock::now() - since_;
+      const auto elapsed = now - since_;
       if (elapsed <= timeout) continue;
       waited = Seconds(elapsed);
     }
@@ -229,48 +295,119 @@ void CollectiveWatchdog::Run() {
     // Reported from another thread: this one goes on answering the other ranks' probes.
     reporter_ = std::thread([this, waited] { options_.on_timeout(Report(waited)); });
   }
+  for (Incoming& c : incoming) ::close(c.fd);
 }
 
-void CollectiveWatchdog::Serve(int fd) {
-  uint8_t request[kRequestBytes];
-  size_t got = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-  while (got < kRequestBytes) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    pollfd p{fd, POLLIN, 0};
-    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) return;
-    const ssize_t n = ::recv(fd, request + got, kRequestBytes - got, 0);
-    if (n <= 0) return;
-    got += static_cast<size_t>(n);
+void CollectiveWatchdog::Accept(std::vector<Incoming>* incoming) {
+  std::random_device random;
+  while (true) {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    if (incoming->size() >= kMaxIncoming) {
+      // A flood: the oldest connection goes (a rank asks as soon as it has the nonce, within
+      // milliseconds; what has said nothing for longest is the least likely to be one).
+      auto oldest = std::min_element(
+          incoming->begin(), incoming->end(),
+          [](const Incoming& a, const Incoming& b) { return a.deadline < b.deadline; });
+      ::close(oldest->fd);
+      incoming->erase(oldest);
+      refused_.fetch_add(1);
+    }
+    Incoming c;
+    c.fd = fd;
+    for (uint8_t& b : c.nonce) b = static_cast<uint8_t>(random());
+    c.deadline = std::chrono::steady_clock::now() + kServeTime;
+    SendAll(fd, std::vector<uint8_t>(c.nonce.begin(), c.nonce.end()));
+    incoming->push_back(std::move(c));
   }
-  uint64_t token = 0;
-  std::memcpy(&token, request, sizeof token);
-  if (token != token_.load() || token == 0) return;  // not one of this job's ranks
-  wire::Writer body;
-  body.I32(options_.rank);
-  body.Str(Activity().substr(0, kMaxText));
-  wire::Writer framed;
-  framed.U32(static_cast<uint32_t>(body.bytes().size()));
-  std::vector<uint8_t> out = std::move(framed.bytes());
-  out.insert(out.end(), body.bytes().begin(), body.bytes().end());
-  SendAll(fd, out);
+}
+
+std::vector<uint8_t> CollectiveWatchdog::Question(const std::array<uint8_t, kKeyBytes>& key,
+                                                  const uint8_t* nonce, int32_t rank) {
+  std::vector<uint8_t> q(4);  // rank, then Tag('Q', nonce, rank); host byte order
+  std::memcpy(q.data(), &rank, 4);
+  const uint64_t tag = Tag(key, 'Q', nonce, q.data(), 4);
+  const auto* t = reinterpret_cast<const uint8_t*>(&tag);
+  q.insert(q.end(), t, t + sizeof tag);
+  return q;
+}
+
+CollectiveWatchdog::AnswerStatus CollectiveWatchdog::ParseAnswer(
+    const std::array<uint8_t, kKeyBytes>& key, const uint8_t* nonce,
+    const std::vector<uint8_t>& in, int rank) {
+  AnswerStatus a;
+  if (in.size() > kMaxText * 2 + 12) {  // longer than any answer: not one
+    a.complete = true;
+    return a;
+  }
+  uint32_t size = 0;
+  if (in.size() < 4) return a;
+  std::memcpy(&size, in.data(), 4);
+  if (size > kMaxText * 2) {
+    a.complete = true;
+    return a;
+  }
+  if (in.size() < 4 + size + sizeof(uint64_t)) return a;
+  a.complete = true;
+  uint64_t tag = 0;
+  std::memcpy(&tag, in.data() + 4 + size, sizeof tag);
+  if (tag != Tag(key, 'A', nonce, in.data() + 4, size)) return a;
+  wire::Reader r(in.data() + 4, size);
+  int32_t from = -1;
+  a.valid = r.I32(&from, "rank").ok() && from == rank &&
+            r.Str(&a.activity, kMaxText, "activity").ok();
+  return a;
+}
+
+void CollectiveWatchdog::Read(Incoming& c) {
+  uint8_t buf[kRequestBytes];
+  const ssize_t n = ::recv(c.fd, buf, kRequestBytes - c.in.size(), 0);
+  if (n <= 0) {
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    ::close(c.fd);
+    c.fd = -1;
+    return;
+  }
+  c.in.insert(c.in.end(), buf, buf + n);
+  if (c.in.size() < kRequestBytes) return;
+  int32_t asking = 0;
+  std::memcpy(&asking, c.in.data(), 4);
+  const bool ours = keyed_.load(std::memory_order_acquire) &&
+                    c.in == Question(key_, c.nonce.data(), asking);
+  if (ours) {
+    wire::Writer body;
+    body.I32(options_.rank);
+    body.Str(Activity().substr(0, kMaxText));
+    const std::vector<uint8_t>& b = body.bytes();
+    wire::Writer framed;
+    framed.U32(static_cast<uint32_t>(b.size()));
+    std::vector<uint8_t> out = std::move(framed.bytes());
+    out.insert(out.end(), b.begin(), b.end());
+    const uint64_t answer = Tag(key_, 'A', c.nonce.data(), b.data(), b.size());
+    const auto* t = reinterpret_cast<const uint8_t*>(&answer);
+    out.insert(out.end(), t, t + sizeof answer);
+    SendAll(c.fd, out);
+  } else {
+    refused_.fetch_add(1);  // not one of this job's ranks (no key, or a replayed question)
+  }
+  ::close(c.fd);
+  c.fd = -1;
 }
 
 std::vector<std::string> CollectiveWatchdog::Probe() {
+  // Per connection: connect, read the answering rank's nonce, ask (this rank, Tag('Q')),
+  // read the answer and check its Tag('A') over the same nonce.
+  enum Stage { kConnecting, kNonce, kAnswer };
   struct Conn {
     int fd;
     int rank;
-    bool sent = false;
+    Stage stage = kConnecting;
     std::vector<uint8_t> in;
+    std::vector<uint8_t> nonce;
   };
   std::vector<std::string> answers(peers_.size());
   std::vector<Conn> conns;
-  uint8_t request[kRequestBytes];
-  const uint64_t token = token_.load();
   const int32_t me = options_.rank;
-  std::memcpy(request, &token, sizeof token);
-  std::memcpy(request + sizeof token, &me, sizeof me);
   for (int r = 0; r < static_cast<int>(peers_.size()); ++r) {
     if (r == me) continue;
     const Peer& peer = peers_[static_cast<size_t>(r)];
@@ -288,7 +425,7 @@ std::vector<std::string> CollectiveWatchdog::Probe() {
         ::close(fd);
         continue;
       }
-      conns.push_back(Conn{fd, r, false, {}});
+      conns.push_back(Conn{fd, r, kConnecting, {}, {}});
     }
   }
   const auto deadline = std::chrono::steady_clock::now() +
@@ -307,7 +444,7 @@ std::vector<std::string> CollectiveWatchdog::Probe() {
         drop(c);
         continue;
       }
-      fds.push_back(pollfd{c.fd, static_cast<short>(c.sent ? POLLIN : POLLOUT), 0});
+      fds.push_back(pollfd{c.fd, static_cast<short>(c.stage == kConnecting ? POLLOUT : POLLIN), 0});
       owners.push_back(&c);
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -317,7 +454,7 @@ std::vector<std::string> CollectiveWatchdog::Probe() {
     for (size_t i = 0; i < fds.size(); ++i) {
       Conn& c = *owners[i];
       if (fds[i].revents == 0) continue;
-      if (!c.sent) {
+      if (c.stage == kConnecting) {
         int error = 0;
         socklen_t len = sizeof error;
         ::getsockopt(c.fd, SOL_SOCKET, SO_ERROR, &error, &len);
@@ -325,33 +462,30 @@ std::vector<std::string> CollectiveWatchdog::Probe() {
           drop(c);
           continue;
         }
-        SendAll(c.fd, std::vector<uint8_t>(request, request + kRequestBytes));
-        c.sent = true;
+        c.stage = kNonce;
         continue;
       }
       uint8_t buf[1024];
-      const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+      const size_t want = c.stage == kNonce ? kNonceBytes - c.in.size() : sizeof buf;
+      const ssize_t n = ::recv(c.fd, buf, want, 0);
       if (n <= 0) {
         drop(c);
         continue;
       }
       c.in.insert(c.in.end(), buf, buf + n);
-      if (c.in.size() > kMaxText * 2) {
-        drop(c);
+      if (c.stage == kNonce) {
+        if (c.in.size() < kNonceBytes) continue;
+        c.nonce = std::move(c.in);
+        c.in.clear();
+        SendAll(c.fd, Question(key_, c.nonce.data(), me));
+        c.stage = kAnswer;
         continue;
       }
-      uint32_t size = 0;
-      if (c.in.size() < 4) continue;
-      std::memcpy(&size, c.in.data(), 4);
-      if (c.in.size() < 4 + size) continue;
-      wire::Reader r(c.in.data() + 4, size);
-      int32_t rank = -1;
-      std::string activity;
-      if (r.I32(&rank, "rank").ok() && rank == c.rank &&
-          r.Str(&activity, kMaxText, "activity").ok()) {
-        answers[static_cast<size_t>(c.rank)] = activity.empty() ? "answered" : activity;
+      const AnswerStatus a = ParseAnswer(key_, c.nonce.data(), c.in, c.rank);
+      if (a.complete) {
+        if (a.valid) answers[static_cast<size_t>(c.rank)] = a.activity.empty() ? "answered" : a.activity;
+        drop(c);
       }
-      drop(c);
     }
   }
   for (Conn& c : conns) drop(c);

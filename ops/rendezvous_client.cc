@@ -22,6 +22,8 @@ namespace {
 constexpr char kHello[4] = {'H', 'V', 'D', 'S'};
 constexpr size_t kNonceSize = 16;
 constexpr size_t kMacSize = 32;
+// How long connecting may keep being retried while the store sheds a flood of connections.
+constexpr int kConnectRetrySeconds = 10;
 // How long one connection attempt (and one reply) may take before it counts as failed.
 constexpr int kIoTimeoutSeconds = 30;
 
@@ -77,8 +79,24 @@ Status RendezvousClient::RecvAll(void* data, size_t n) {
   return Status::OK();
 }
 
+// A store that closes a new connection before its hello is one shedding a flood of other
+// clients (runner/rendezvous.py closes all but 128 handshakes at once): try again, for up to
+// kConnectRetrySeconds. A refusal after the hello (a wrong secret) is final.
 Status RendezvousClient::Connect() {
   if (fd_ >= 0) return Status::OK();
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(kConnectRetrySeconds);
+  auto pause = std::chrono::milliseconds(10);
+  while (true) {
+    bool before_hello = false;
+    Status s = ConnectOnce(&before_hello);
+    if (s.ok() || !before_hello || std::chrono::steady_clock::now() >= deadline) return s;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(500));
+  }
+}
+
+Status RendezvousClient::ConnectOnce(bool* before_hello) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -106,7 +124,10 @@ Status RendezvousClient::Connect() {
   ::freeaddrinfo(found);
   if (fd_ < 0) return Status::Unavailable("rendezvous store " + Where() + ": " + last_error);
   char hello[sizeof(kHello) + kNonceSize];
-  HVD_RETURN_IF_ERROR(RecvAll(hello, sizeof(hello)));
+  if (Status s = RecvAll(hello, sizeof(hello)); !s.ok()) {
+    *before_hello = true;
+    return s;
+  }
   if (std::memcmp(hello, kHello, sizeof(kHello)) != 0) {
     Close();
     return Status::Unavailable("rendezvous store " + Where() +

@@ -39,6 +39,7 @@ class RendezvousClient {
 
  private:
   Status Connect();
+  Status ConnectOnce(bool* before_hello);
   Status SendAll(const void* data, size_t n);
   Status RecvAll(void* data, size_t n);
   void Close();

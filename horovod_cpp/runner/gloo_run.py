@@ -239,6 +239,8 @@ class GlooJob(object):
         host = self.hosts_of[rank]
         if not is_local(host) and code == 255:
             why = "ssh to %s failed (exit code 255)" % host
+        elif not is_local(host) and code > 128:
+            why = proc.describe_exit(128 - code)  # task_exec reports signal N as 128 + N
         else:
             why = proc.describe_exit(code)
         message = "rank %d (on %s) ended with %s" % (rank, host, why)

@@ -4,7 +4,9 @@ The launcher (hvdrun --gloo, the elastic driver) serves it; ranks reach it at
 HOROVOD_GLOO_RENDEZVOUS_ADDR:HOROVOD_GLOO_RENDEZVOUS_PORT and prove they hold the job's secret
 (HOROVOD_GLOO_SECRET): the server sends "HVDS" and a 16-byte nonce, the client answers
 HMAC-SHA256(secret, nonce), and a wrong answer closes the connection before any key is read or
-written. Then: 'S' u32 keylen key u32 vallen val -> 1; 'G' u32 keylen key -> 0 | 1 u32 len val
+written; a replayed answer is wrong (every connection has its own nonce). A client has 10 s to
+answer, and at most 128 connections may be answering at once (a flood gets the rest closed at
+once; the ranks, which answer within milliseconds, retry). Then: 'S' u32 keylen key u32 vallen val -> 1; 'G' u32 keylen key -> 0 | 1 u32 len val
 (lengths big-endian). The C++ client is ops/rendezvous_client.cc.
 """
 import hashlib
@@ -21,6 +23,8 @@ _HELLO = b"HVDS"
 _NONCE = 16
 _MAC = 32
 _MAX_ITEM = 64 << 20
+_AUTH_SECONDS = 10
+_MAX_HANDSHAKES = 128
 
 
 def new_secret():
@@ -48,7 +52,8 @@ class RendezvousServer(object):
         self._items = {}
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self.refused = 0  # connections that did not prove the secret
+        self.refused = 0  # connections that did not prove the secret (or came in a flood)
+        self._handshakes = 0
         store = self
 
         class Handler(socketserver.BaseRequestHandler):
@@ -67,16 +72,39 @@ class RendezvousServer(object):
         self._thread.start()
 
     def _serve(self, sock):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        nonce = os.urandom(_NONCE)
+        with self._lock:
+            flooded = self._handshakes >= _MAX_HANDSHAKES
+            if flooded:
+                self.refused += 1
+            else:
+                self._handshakes += 1
+        if flooded:
+            return  # closed at once
+        proven = False
         try:
-            sock.settimeout(30)
+            proven = self._handshake(sock)
+        finally:
+            with self._lock:
+                self._handshakes -= 1
+                if not proven:
+                    self.refused += 1
+        if proven:
+            self._requests(sock)
+
+    def _handshake(self, sock):
+        """Whether the client proves the secret over this connection's nonce."""
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            nonce = os.urandom(_NONCE)
+            sock.settimeout(_AUTH_SECONDS)
             sock.sendall(_HELLO + nonce)
             mac = recv_exact(sock, _MAC)
-            if not hmac.compare_digest(mac, hmac.new(self.secret, nonce, hashlib.sha256).digest()):
-                with self._lock:
-                    self.refused += 1
-                return
+        except (ConnectionError, OSError, socket.timeout):
+            return False
+        return hmac.compare_digest(mac, hmac.new(self.secret, nonce, hashlib.sha256).digest())
+
+    def _requests(self, sock):
+        try:
             sock.sendall(b"\x01")
             sock.settimeout(None)
             while True:

@@ -162,18 +162,20 @@ def processes():
     return out
 
 
-def job_processes(tag, baseline):
-    """What of the job is still running: processes naming its tag (the launcher, every rank),
-    MPI's (mpirun, orted) and ssh sessions (sshd children) that were not there before it."""
+def job_processes(tag, baseline, bed):
+    """What of the job is still running: processes naming its tag (the launcher, mpirun, every
+    rank: the tag is in the worker's arguments or, for elastic workers, their environment) and,
+    for a job on the test bed, Open MPI's daemons and ssh sessions (sshd children) on the test
+    hosts that were not there before it."""
     found = []
     for pid, (ppid, cmd, env) in processes().items():
         if pid == os.getpid() or pid in baseline:
             continue
         if tag in cmd or tag.encode() in env:
             found.append((pid, cmd))
-        elif re.match(r"(\S*/)?(mpirun|orterun|orted|prted|prterun)\b", cmd):
+        elif bed and re.match(r"(\S*/)?(orted|prted)\b", cmd):
             found.append((pid, cmd))
-        elif cmd.startswith("sshd: ") and "[listener]" not in cmd:
+        elif bed and cmd.startswith("sshd: ") and "[listener]" not in cmd:
             found.append((pid, cmd))
     return found
 
@@ -338,13 +340,13 @@ class Run(object):
         # Everything of the job must be gone within the bound of the fault (or of the end).
         deadline = max(time.monotonic(), (self.fault_at or ended or start) +
                        (BOUND if sc.outcome == "fail" else 10))
-        left = job_processes(self.tag, baseline)
+        left = job_processes(self.tag, baseline, sc.layout != "local")
         while left and time.monotonic() < deadline:
             time.sleep(0.1)
-            left = job_processes(self.tag, baseline)
+            left = job_processes(self.tag, baseline, sc.layout != "local")
         all_gone = time.monotonic() if not left else None
         if hang:
-            left = job_processes(self.tag, baseline)
+            left = job_processes(self.tag, baseline, sc.layout != "local")
             os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
         kill_all(left)
         if proc.poll() is None:
@@ -535,8 +537,21 @@ def main():
     p.add_argument("--report", help="write the table (Markdown) here")
     p.add_argument("--results", help="append every run's record (JSON lines) here")
     p.add_argument("--python", default=os.path.join(ROOT, ".venv", "bin", "python"))
+    p.add_argument("--stop-file", help="stop before the next run once this file exists")
+    p.add_argument("--table-from", nargs="+", metavar="RESULTS",
+                   help="only print the table of these --results files (JSON lines)")
     p.add_argument("--no-bed", action="store_true", help="never use the test bed")
     args = p.parse_args()
+    if args.table_from:
+        results = []
+        for name in args.table_from:
+            with open(name) as f:
+                results += [json.loads(line) for line in f if line.strip()]
+        print(table(results))
+        if args.report:
+            with open(args.report, "w") as f:
+                f.write(table(results) + "\n")
+        return 0
     bed = bed_is_up() and not args.no_bed
     if args.replay is not None:
         scenarios = [Scenario(args.replay, bed, args.kind, args.backend)]
@@ -559,6 +574,10 @@ def main():
     start = time.monotonic()
     try:
         for i, sc in enumerate(scenarios):
+            if args.stop_file and os.path.exists(args.stop_file):
+                print("chaos: stopped (%s exists)" % args.stop_file, flush=True)
+                scenarios = scenarios[:i]
+                break
             run = Run(sc, args.python, discovery_dir)
             r = run.execute()
             results.append(r)

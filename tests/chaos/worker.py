@@ -200,6 +200,10 @@ def main():
         digest = train(rank, size, steps)
     else:
         digest = mix(rank, size, steps, pair)
+    # Every rank finishes together: a rank leaving first shuts horovod_cpp down (atexit) while
+    # ranks 0 and 1 may still run their last process-set allreduce (the campaign's first runs
+    # found this race in the worker).
+    hvd.barrier()
     say("rank %d OK %.10g in %.2f s" % (rank, digest, time.monotonic() - start))
 
 
