@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   a.tensor_name = "allreduce.layer1.weight";
   a.shape = {64, 3, 7, 7};
   a.prescale_factor = 0.5;
+  a.call_site = "/home/user/train.py:42";
   mixed.requests.push_back(a);
   Request b = a;
   b.type = OpType::kBroadcast;
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
   Write(dir, "requests_mixed", 0, SerializeRequestList(mixed));
   RequestList shutdown;
   shutdown.shutdown = true;
+  shutdown.shutdown_host = "hvd-h2";
   Write(dir, "requests_shutdown", 0, SerializeRequestList(shutdown));
 
   ResponseList responses;

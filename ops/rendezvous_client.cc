@@ -23,7 +23,7 @@ constexpr char kHello[4] = {'H', 'V', 'D', 'S'};
 constexpr size_t kNonceSize = 16;
 constexpr size_t kMacSize = 32;
 // How long connecting may keep being retried while the store sheds a flood of connections.
-constexpr int kConnectRetrySeconds = 10;
+constexpr int kConnectRetrySeconds = 15;  // the store's 10 s to answer, and some
 // How long one connection attempt (and one reply) may take before it counts as failed.
 constexpr int kIoTimeoutSeconds = 30;
 

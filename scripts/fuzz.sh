@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (fuzz/, clang + ASan + UBSan) and runs each for a fixed time,
-# both at once. Exits non-zero on any crash, sanitizer report or broken invariant (the input
+# all at once. Exits non-zero on any crash, sanitizer report or broken invariant (the input
 # that did it is saved as build-fuzz/crash-*; rerun it with build-fuzz/<target> FILE).
 #   scripts/fuzz.sh [SECONDS]        default 60 per target (./test.sh uses the default)
 #   scripts/fuzz.sh 3600             a longer hunt; new inputs collect in build-fuzz/corpus-*
@@ -14,7 +14,7 @@ cmake -S fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelW
 cmake --build build-fuzz -j 2 >/dev/null
 if ((seeds)); then build-fuzz/make_seeds fuzz/corpus/wire; exit 0; fi
 
-targets=(wire config)
+targets=(wire config watchdog)
 pids=()
 for target in "${targets[@]}"; do
   work="build-fuzz/corpus-$target"

@@ -63,6 +63,7 @@ class RendezvousServer(object):
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
             allow_reuse_address = True
+            request_queue_size = 128  # a burst of connections queues instead of being dropped
             address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
 
         self._server = Server((bind, 0), Handler)
@@ -166,9 +167,22 @@ class RendezvousClient(object):
 
     def __init__(self, host, port, secret, timeout=30.0):
         self.secret = secret.encode() if isinstance(secret, str) else secret
-        self._sock = socket.create_connection((host, int(port)), timeout=timeout)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hello = recv_exact(self._sock, len(_HELLO) + _NONCE)
+        # A store shedding a flood closes new connections before its hello: try again until
+        # the flood's handshakes time out (_AUTH_SECONDS), as the C++ client does.
+        deadline = time.monotonic() + _AUTH_SECONDS + 5
+        delay = 0.01
+        while True:
+            self._sock = socket.create_connection((host, int(port)), timeout=timeout)
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                hello = recv_exact(self._sock, len(_HELLO) + _NONCE)
+                break
+            except (ConnectionError, OSError):
+                self._sock.close()
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
         if hello[:len(_HELLO)] != _HELLO:
             raise ConnectionError("%s:%s is not a horovod_cpp rendezvous store" % (host, port))
         self._sock.sendall(hmac.new(self.secret, hello[len(_HELLO):], hashlib.sha256).digest())

@@ -21,6 +21,7 @@ import socket
 import socketserver
 import struct
 import threading
+import time
 import weakref
 
 from horovod_cpp.runner.rendezvous import recv_exact as _recv_exact
@@ -98,14 +99,23 @@ def recv(sock, key):
 
 
 def connect(address, timeout=30.0):
-    """A connected socket to the service at 'host:port', its nonce read."""
+    """A connected socket to the service at 'host:port', its nonce read. A service shedding a
+    flood closes new connections before its hello: tried again until the flood's connections
+    time out (10 s)."""
     host, _, port = address.rpartition(":")
-    sock = socket.create_connection((host, int(port)), timeout=timeout)
-    try:
-        hello = _recv_exact(sock, len(_HELLO) + _NONCE)
-    except (ConnectionError, OSError):
-        sock.close()
-        raise
+    deadline = time.monotonic() + _FIRST_FRAME_SECONDS + 5
+    delay = 0.01
+    while True:
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        try:
+            hello = _recv_exact(sock, len(_HELLO) + _NONCE)
+            break
+        except (ConnectionError, OSError):
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
     if hello[:len(_HELLO)] != _HELLO:
         sock.close()
         raise ProtocolError("%s is not a horovod_cpp service" % address)
@@ -139,6 +149,7 @@ class Service(object):
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
             allow_reuse_address = True
+            request_queue_size = 128  # a burst of connections queues instead of being dropped
 
         self._server = Server((bind, 0), Handler)
         self.port = self._server.server_address[1]

@@ -62,7 +62,7 @@ def flood(port, host=ADDR, n=FLOOD):
     conns = []
     for _ in range(n):
         try:
-            conns.append(socket.create_connection((host, port), timeout=5))
+            conns.append(socket.create_connection((host, port), timeout=2))
         except OSError:
             pass  # the backlog may overflow: a refused connection is a refused client
     return conns
