@@ -456,8 +456,13 @@ class Run(object):
                           % (v, hosts)],
             "store_kill": [r"."],  # the launcher itself was killed: nothing can name it
         }
+        # One batch fewer: the short rank waits in the final barrier while the others wait for
+        # its last step's collectives (a deadlock naming each rank's wait and call site), or,
+        # when it gets that far, its exit shuts the job down.
+        patterns["uneven"] = patterns["raise"] + [
+            r"rank %d \(%s\) waits for barrier called at \S*worker\.py:\d+" % (v, hosts)]
         for same, like in (("stop_kill", "stop_resume"), ("exit0", "raise"),
-                           ("shutdown", "raise"), ("uneven", "raise"), ("dtype", "shape"),
+                           ("shutdown", "raise"), ("dtype", "shape"),
                            ("op", "shape"), ("root", "shape")):
             patterns[same] = patterns[like]
         if sc.kind == "stop_kill":
