@@ -6,8 +6,9 @@ the invariant that none of them hangs.
     chaos.py --replay SEED             one scenario again, with its whole output
     chaos.py ... --report FILE         also write the campaign's table (Markdown) to FILE
 
-A scenario combines a backend (MPI, Gloo, elastic Gloo), np 2-4 and a host layout (this
-machine; on the test bed, scripts/testbed.sh, 2 hosts x 2 ranks or 3 x 1), a workload
+A scenario combines a backend (MPI, Gloo, elastic Gloo, HorovodRunner on the test bed's Spark
+cluster when HVD_SPARK_MASTER names it), np 2-4 and a host layout (this machine; on the test
+bed, scripts/testbed.sh, 2 hosts x 2 ranks or 3 x 1; Spark's placement), a workload
 (worker.py: the training check or a mix of every collective, grouped ops and a process set)
 and one fault at a random step (FAULTS below). Every run must satisfy the invariant:
 
@@ -75,7 +76,13 @@ FAULTS = collections.OrderedDict([
     ("elastic_kill",  (("elastic",), ("digits",), "complete", False)),
     ("elastic_kill2", (("elastic",), ("digits",), "complete", False)),
     ("elastic_reset_kill", (("elastic",), ("digits",), "complete", False)),
+    # HorovodRunner on the test bed's Spark cluster (HVD_SPARK_MASTER): a rank killed, and the
+    # executor (JVM) of a rank's host killed
+    ("spark_kill",    (("spark",), ("mix", "train"), "fail", True)),
+    ("spark_executor_kill", (("spark",), ("mix", "train"), "fail", True)),
 ])
+SPARK_MASTER = os.environ.get("HVD_SPARK_MASTER", "")
+SPARK_DRIVER = os.path.join(HERE, "spark_driver.py")
 
 
 def bed_is_up():
@@ -88,11 +95,12 @@ def bed_is_up():
 
 
 class Scenario(object):
-    def __init__(self, seed, bed, kind=None, backend=None):
+    def __init__(self, seed, bed, kind=None, backend=None, layout=None):
         rng = random.Random(seed)
         self.seed = seed
         kinds = [k for k, v in FAULTS.items() if (bed or not v[3])
-                 and (backend is None or backend in v[0])]
+                 and (backend is None or backend in v[0])
+                 and (SPARK_MASTER or "spark" not in v[0])]
         self.kind = kind or rng.choice(kinds)
         backends, workloads, self.outcome, needs_bed = FAULTS[self.kind]
         self.backend = rng.choice(backends)
@@ -103,8 +111,10 @@ class Scenario(object):
         self.workload = rng.choice(workloads)
         if self.backend == "elastic":
             self.layout, self.np = "local", 3
-        elif needs_bed or (bed and rng.random() < 0.4):
-            self.layout = rng.choice(["2x2", "3x1"])
+        elif self.backend == "spark":  # 2 worker hosts x 2 cores; Spark places the ranks
+            self.layout, self.np = "spark", rng.choice([2, 3, 4])
+        elif needs_bed or (bed and layout != "local" and (layout or rng.random() < 0.4)):
+            self.layout = layout if layout in ("2x2", "3x1") else rng.choice(["2x2", "3x1"])
             self.np = 4 if self.layout == "2x2" else 3
         else:
             self.layout, self.np = "local", rng.choice([2, 3, 4])
@@ -114,7 +124,8 @@ class Scenario(object):
         if self.kind in ("link_down", "throttle"):
             # a rank on another host than hvd-h1, where the job is launched
             self.victim = rng.choice([r for r in range(self.np) if self.host_of(r) != "hvd-h1"])
-        self.step_delay = 0.05 if self.kind in ("store_kill", "link_down", "throttle") else 0.0
+        self.step_delay = 0.05 if self.kind in ("store_kill", "link_down", "throttle",
+                                                "spark_executor_kill") else 0.0
 
     def hosts_arg(self):
         return {"2x2": "hvd-h1:2,hvd-h2:2", "3x1": "hvd-h1:1,hvd-h2:1,hvd-h3:1"}.get(self.layout)
@@ -124,6 +135,8 @@ class Scenario(object):
             return BED_HOSTS[rank // 2]
         if self.layout == "3x1":
             return BED_HOSTS[rank]
+        if self.layout == "spark":
+            return None  # Spark's placement: the worker says where it runs
         return socket.gethostname()
 
     def describe(self):
@@ -177,7 +190,16 @@ def job_processes(tag, baseline, bed):
             found.append((pid, cmd))
         elif bed and cmd.startswith("sshd: ") and "[listener]" not in cmd:
             found.append((pid, cmd))
+        elif bed and any(m in cmd for m in ("horovod_cpp.spark.rank_main",
+                                            "horovod_cpp.spark.rsh_agent")):
+            found.append((pid, cmd))
     return found
+
+
+def host_pids(host):
+    """The pids of a test host's processes (its network namespace)."""
+    out = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
 
 
 def kill_all(found):
@@ -206,6 +228,7 @@ class Run(object):
         self.fault_at = None
         self.actions = []  # (when, callable, name): the campaign's own faults and follow-ups
         self.notes = []
+        self.victim_host = None
 
     def command(self):
         sc = self.sc
@@ -217,8 +240,12 @@ class Run(object):
             return hvdrun + ["-np", "3", "--min-np", "1", "--max-np", "3",
                              "--host-discovery-script", script] + knobs + [
                 self.python, ELASTIC_TRAIN, "--epochs", "6", "--step-delay", "0.01"]
-        spec = {"tag": self.tag, "workload": sc.workload, "steps": sc.steps, "fault": sc.kind,
+        spec = {"tag": self.tag, "workload": sc.workload, "steps": sc.steps,
+                "fault": "kill" if sc.kind == "spark_kill" else sc.kind,
                 "victim": sc.victim, "step": sc.step, "step_delay": sc.step_delay}
+        if sc.backend == "spark":
+            return [TESTBED, "exec", "hvd-h1", self.python, SPARK_DRIVER, SPARK_MASTER,
+                    str(sc.np), json.dumps(spec, sort_keys=True)]
         cmd = hvdrun + (["--gloo"] if sc.backend == "gloo" else []) + ["-np", str(sc.np)]
         if sc.hosts_arg():
             cmd += ["-H", sc.hosts_arg()]
@@ -247,7 +274,8 @@ class Run(object):
         if self.fault_at is None and "chaos: FAULT " in text:
             self.fault_at = now
             self.schedule_fault(now, text)
-        if (self.fault_at is None and sc.kind in ("store_kill", "link_down", "throttle")
+        if (self.fault_at is None and sc.kind in ("store_kill", "link_down", "throttle",
+                                                  "spark_executor_kill")
                 and ("chaos: step %d " % sc.step) in text):
             self.fault_at = now
             self.schedule_fault(now, text)
@@ -256,7 +284,9 @@ class Run(object):
         sc = self.sc
         m = re.search(r"pid (\d+)", text)
         pid = int(m.group(1)) if m else None
-        host = sc.host_of(sc.victim)
+        m = re.search(r"host (\S+)", text)
+        self.victim_host = m.group(1) if m else sc.host_of(sc.victim)
+        host = sc.host_of(sc.victim) or self.victim_host
         if sc.kind == "stop_resume" and pid:
             # Resumed once the others' timeout and probe are over (it was silent throughout).
             self.actions.append((now + TIMEOUT + PROBE + 2, lambda: os.kill(pid, signal.SIGCONT),
@@ -275,6 +305,12 @@ class Run(object):
         elif sc.kind == "throttle":
             self.actions.append((now, lambda: testbed("rate", host, "1mbit"),
                                  "%s's link at 1 Mbit/s" % host))
+        elif sc.kind == "spark_executor_kill":
+            def kill_executor():
+                for p in host_pids(host):
+                    if "CoarseGrainedExecutorBackend" in processes().get(p, (0, "", b""))[1]:
+                        os.kill(p, signal.SIGKILL)
+            self.actions.append((now, kill_executor, "SIGKILL %s's Spark executor" % host))
 
     def on_elastic_line(self, now, text):
         kind = self.sc.kind
@@ -438,7 +474,7 @@ class Run(object):
     def culprit(self, text):
         """The line naming the culprit, or None."""
         sc = self.sc
-        v, host = sc.victim, sc.host_of(sc.victim)
+        v, host = sc.victim, sc.host_of(sc.victim) or self.victim_host or "?"
         hosts = "(%s|localhost|127\\.0\\.0\\.1)" % re.escape(host) if sc.layout == "local" \
             else re.escape(host)
         patterns = {
@@ -455,6 +491,9 @@ class Run(object):
             "link_down": [r"no answer within \d+ s from ranks? [\d, ]*\b%d\b[\d, ]* on host %s"
                           % (v, hosts)],
             "store_kill": [r"."],  # the launcher itself was killed: nothing can name it
+            "spark_kill": [r"chaos: driver error: .*rank %d\b.*%s" % (v, hosts),
+                           r"chaos: driver error: .*%s.*rank %d\b" % (hosts, v)],
+            "spark_executor_kill": [r"chaos: driver error: .*lost host %s" % hosts],
         }
         # One batch fewer: the short rank waits in the final barrier while the others wait for
         # its last step's collectives (a deadlock naming each rank's wait and call site), or,
@@ -483,15 +522,23 @@ def testbed(*args):
 
 # ---- campaigns ---------------------------------------------------------------------------------
 
+# The CI subset's second scenario of these kinds runs across test hosts (the first on this
+# host): the faults whose culprit is a rank on another host.
+CI_ACROSS_HOSTS = ("kill", "stop_kill", "raise", "skip", "dtype", "exit0", "store_kill")
+
+
 def ci_scenarios(bed):
-    """The CI subset: every fault kind twice (different backends, layouts and moments)."""
+    """The CI subset: every fault kind twice (different backends, moments and, where the test
+    bed is up, hosts)."""
     out = []
     seed = 29000
-    for kind, (_, _, _, needs_bed) in FAULTS.items():
-        if needs_bed and not bed:
+    for kind, (backends, _, _, needs_bed) in FAULTS.items():
+        if (needs_bed and not bed) or ("spark" in backends and not SPARK_MASTER):
             continue
-        for _ in range(2):
-            out.append(Scenario(seed, bed, kind))
+        for i in range(2):
+            across = bed and i == 1 and kind in CI_ACROSS_HOSTS
+            out.append(Scenario(seed, bed, kind, layout=None if needs_bed else
+                                ("2x2" if seed % 2 else "3x1") if across else "local"))
             seed += 1
     return out
 
@@ -538,7 +585,8 @@ def main():
     p.add_argument("--ci", action="store_true")
     p.add_argument("--replay", type=int)
     p.add_argument("--kind", choices=list(FAULTS), help="only this fault kind")
-    p.add_argument("--backend", choices=["mpi", "gloo", "elastic"], help="only this backend")
+    p.add_argument("--backend", choices=["mpi", "gloo", "elastic", "spark"],
+                   help="only this backend")
     p.add_argument("--report", help="write the table (Markdown) here")
     p.add_argument("--results", help="append every run's record (JSON lines) here")
     p.add_argument("--python", default=os.path.join(ROOT, ".venv", "bin", "python"))
@@ -561,7 +609,8 @@ def main():
     if args.replay is not None:
         scenarios = [Scenario(args.replay, bed, args.kind, args.backend)]
     elif args.ci:
-        scenarios = ci_scenarios(bed)
+        scenarios = [sc for sc in ci_scenarios(bed)
+                     if args.backend is None or sc.backend == args.backend]
     else:
         rng = random.Random(args.seed)
         scenarios = [Scenario(rng.randrange(1 << 30), bed, args.kind, args.backend)

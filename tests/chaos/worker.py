@@ -1,6 +1,6 @@
 """One rank of a chaos scenario (tests/chaos/chaos.py launches it with hvdrun).
 
-    worker.py SPEC_JSON
+    worker.py SPEC_JSON            (or main(spec) from HorovodRunner: spark_driver.py)
 
 SPEC: {"tag", "workload": "train"|"mix", "steps", "fault", "victim", "step", "step_delay"}. Every rank runs
 `steps` steps of the workload and checks each result against values computed independently
@@ -23,8 +23,7 @@ import torch
 
 import horovod_cpp.torch as hvd
 
-SPEC = json.loads(sys.argv[1])
-FAULT, VICTIM, AT = SPEC["fault"], SPEC["victim"], SPEC["step"]
+SPEC, FAULT, VICTIM, AT = {}, None, None, None  # set by main(spec)
 # The train workload's problem: y = X w + noise, a global batch of 12 rows (even shares at 2, 3
 # and 4 ranks), SGD on the mean squared error.
 ROWS, FEATURES, LR = 12, 8, 0.05
@@ -72,7 +71,7 @@ def pace(step, rank):
     delay = SPEC.get("step_delay", 0)
     if delay:
         if rank == VICTIM:
-            say("step %d rank %d" % (step, rank))
+            say("step %d rank %d host %s" % (step, rank, socket.gethostname()))
         time.sleep(delay)
 
 
@@ -186,7 +185,10 @@ def inject(rank):
     return FAULT
 
 
-def main():
+def main(spec):
+    """Runs this rank; returns its digest (HorovodRunner's return value per rank)."""
+    global SPEC, FAULT, VICTIM, AT
+    SPEC, FAULT, VICTIM, AT = spec, spec["fault"], spec["victim"], spec["step"]
     hvd.init(process_sets="dynamic")
     rank, size = hvd.rank(), hvd.size()
     pair = hvd.add_process_set([0, 1]) if size > 2 else hvd.global_process_set
@@ -205,7 +207,8 @@ def main():
     # found this race in the worker).
     hvd.barrier()
     say("rank %d OK %.10g in %.2f s" % (rank, digest, time.monotonic() - start))
+    return digest
 
 
 if __name__ == "__main__":
-    main()
+    main(json.loads(sys.argv[1]))

@@ -5,7 +5,8 @@
 # 2 x 2, a timeline recorded in a cross-host job, what each rank sees of its host and of the
 # launching shell's environment, and faults (a link down and a host's processes killed in the
 # middle of allreduces, an sshd stopped, a host unreachable at start) that must end the job in
-# bounded time, naming the host. Every job runs under its own timeout; the test bed is
+# bounded time, naming the host; the chaos campaign's CI subset and hostile clients (below).
+# Every job runs under its own timeout; the test bed is
 # torn down on every exit, and the last check is that nothing of it is left.
 #   tests/multihost/run.sh          (as root, after the default build and .venv)
 set -euo pipefail
@@ -91,6 +92,25 @@ run "check_hosts.py --gloo -H hvd-h1:1,hvd-h2:1,hvd-h3:1" 120 \
 run "python suite --gloo -H hvd-h1:2,hvd-h2:2" 600 sh -c "cd '$ROOT_DIR/tests/python' && \
   '${HVDRUN[0]}' --gloo -np 4 -H hvd-h1:2,hvd-h2:2 '$PY' -m pytest -q -x"
 
+# The chaos campaign's CI subset (tests/chaos/chaos.py --ci): every fault kind twice (a rank
+# killed, frozen, raising, leaving early, shutting down alone, skipping a collective or sending
+# another shape, dtype, op or root, a duplicate name, uneven batches, the launcher and its
+# rendezvous store killed, the timeline's disk full, a link down or at 1 Mbit/s, elastic ranks
+# lost one or two at once or during a reset) on MPI, Gloo and elastic Gloo, on this machine and
+# across the test hosts: each job completes with exact results or ends within the collective
+# timeout (3 s here) + 30 s naming the culprit, and leaves nothing running on any host. The
+# two Spark kinds run in the Spark section below; the table is printed at the end.
+chaos_results=/tmp/hvd-chaos-results.$$.jsonl
+run_here "chaos CI subset (tests/chaos, 42 scenarios)" 480 "$PY" "$ROOT_DIR/tests/chaos/chaos.py" \
+  --ci --results "$chaos_results"
+
+# Foreign and hostile clients (tests/multihost/hostile, on hvd-h1): the rendezvous store, the
+# Spark services and a running job's store and side channels refuse clients without the
+# secret, replays, truncated and oversized frames, silent and flooding connections and random
+# bytes, and the job's results are exact.
+run "hostile clients (tests/multihost/hostile)" 300 sh -c "cd '$ROOT_DIR/tests/multihost/hostile' && \
+  '$PY' -m pytest -q -p no:cacheprovider test_hostile.py"
+
 # Elastic training across the hosts (tests/multihost/elastic, from this machine, which makes
 # the faults; each job runs from hvd-h1): a host's processes killed mid-epoch, its link down, a
 # host added by discovery, fewer hosts than --min-np. Time to resume and steps redone are
@@ -149,6 +169,9 @@ if master=$("$TESTBED" spark up --cores 2 --gpus 2 | tail -1); then
     HVD_SPARK_REPORT="$spark_report" sh -c "cd '$ROOT_DIR/tests/multihost/spark' && \
     '$PY' -m pytest test_gpus.py test_cluster.py"
   [[ -f $spark_report ]] && sed 's/^/multihost: /' "$spark_report"
+  # The chaos subset's Spark kinds: a rank killed, a worker host's executor killed.
+  run_here "chaos CI subset on Spark (tests/chaos)" 300 env HVD_SPARK_MASTER="$master" "$PY" \
+    "$ROOT_DIR/tests/chaos/chaos.py" --ci --backend spark --results "$chaos_results"
 else
   echo "multihost: FAIL the Spark cluster did not start" >&2
   failures=$((failures + 1))
@@ -216,6 +239,11 @@ kill "$(cat /run/hvd-testbed/sshd-hvd-h3.pid)"
 expect_unreachable "sshd stopped on hvd-h3" hvd-h3 "Connection refused"
 "$TESTBED" link hvd-h2 down
 expect_unreachable "hvd-h2's link down" hvd-h2 "no answer within 5 s"
+
+if [[ -f $chaos_results ]]; then
+  "$PY" "$ROOT_DIR/tests/chaos/chaos.py" --table-from "$chaos_results" | sed 's/^/multihost: chaos /'
+  rm -f "$chaos_results"
+fi
 
 if (( failures > 0 )); then
   echo "multihost: $failures job(s) failed" >&2
