@@ -9,6 +9,7 @@ import sys
 import pytest
 
 ROOT = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+AGENT = "%s -m horovod_cpp.runner.ssh_agent" % os.path.normpath(sys.executable)
 HVDRUN = [sys.executable, "-m", "horovod_cpp.runner"]
 
 
@@ -62,6 +63,8 @@ def test_every_knob_hosts_and_mpi_args():
         ["mpirun"] + ROOT + [
             "--tag-output", "-np", "4", "-H", "node1:2,node2:2", "--bind-to", "none",
             "--map-by", "slot", "-mca", "mpi_yield_when_idle", "1",
+            # other hosts: ssh with the remote daemon under a guard (runner/ssh_agent.py)
+            "-mca", "plm_rsh_agent", AGENT + " --",
             "-x", "HOROVOD_CACHE_CAPACITY=0",
             "-x", "HOROVOD_CYCLE_TIME=0.5",
             "-x", "HOROVOD_FUSION_THRESHOLD=33554432",
@@ -99,9 +102,11 @@ def test_multi_host_flags():
     assert "NCCL_SOCKET_IFNAME=eth1,eth2" in tail
     options = cmd[cmd.index("--timestamp-output"):-1]
     assert options == ["--timestamp-output", "--output-filename", os.path.abspath("logs"),
-                       "-mca", "plm_rsh_args", "-p 2222 -i %s" % os.path.abspath("keys/id"),
                        "-mca", "btl_tcp_if_include", "eth1,eth2",
                        "-mca", "oob_tcp_if_include", "eth1,eth2"]
+    # The ssh options go to the agent, before its "--".
+    agent = cmd[cmd.index("plm_rsh_agent") + 1]
+    assert agent == AGENT + " -p 2222 -i %s --" % os.path.abspath("keys/id"), cmd
     bad = hvdrun(["-np", "2", "--start-timeout", "0", "--dry-run", "./t"])
     assert bad.returncode == 2 and "--start-timeout must be positive" in bad.stderr
 
