@@ -258,13 +258,14 @@ TEST(CollectiveWatchdogHostile, AnsweredOnlyWithTheKeyAndNeverToAReplay) {
 }
 
 TEST(CollectiveWatchdogHostile, SilentAndFloodingClientsDelayNeitherAnswersNorTheTimeout) {
-  // 300 connections that say nothing, held open, before and while rank 0 times out: rank 1
-  // still answers rank 0's probe (named as answering, not silent) and rank 0's own timeout
-  // fires on time.
+  // More connections than a rank serves at once (kMaxIncoming, 64), saying nothing, held
+  // open, before and while rank 0 times out: rank 1 still answers rank 0's probe (named as
+  // answering, not silent) and rank 0's own timeout fires on time. (Loopback here: the floods
+  // of a few hundred connections run on the test bed, tests/multihost/hostile.)
   std::vector<Rank> ranks = MakeRanks(2, 1.0, 2.0);
   std::vector<std::unique_ptr<Client>> silent;
-  for (int i = 0; i < 150; ++i) silent.push_back(std::make_unique<Client>(PortOf(*ranks[1].dog)));
-  for (int i = 0; i < 150; ++i) silent.push_back(std::make_unique<Client>(PortOf(*ranks[0].dog)));
+  for (int i = 0; i < 80; ++i) silent.push_back(std::make_unique<Client>(PortOf(*ranks[1].dog)));
+  for (int i = 0; i < 80; ++i) silent.push_back(std::make_unique<Client>(PortOf(*ranks[0].dog)));
   const auto start = Clock::now();
   Response group = Allreduce("t");
   auto watch = ranks[0].dog->Watch(&group);
@@ -275,7 +276,7 @@ TEST(CollectiveWatchdogHostile, SilentAndFloodingClientsDelayNeitherAnswersNorTh
   EXPECT_NE(report.find("rank 1 (" + HostName() + ") answered: not in a collective"),
             std::string::npos)
       << report;
-  EXPECT_GE(ranks[1].dog->refused(), 100u);  // dropped: timed out or evicted
+  EXPECT_GE(ranks[1].dog->refused(), 16u);  // dropped: evicted or timed out
 }
 
 }  // namespace
