@@ -561,7 +561,8 @@ def table(results):
         if not rs:
             continue
         c = collections.Counter(r["outcome"] for r in rs)
-        fails = [r for r in rs if FAULTS[kind][2] == "fail"]
+        # (store_kill: the launcher itself is killed, nothing is left to name it)
+        fails = [r for r in rs if FAULTS[kind][2] == "fail" and kind != "store_kill"]
         named = sum(1 for r in fails if r["culprit"])
         det = [r["detect_s"] for r in rs if r["detect_s"] is not None]
         fmt = lambda x: "-" if x is None else "%.1f" % x  # noqa: E731
