@@ -83,14 +83,15 @@ def init(comm=None, process_sets=None):
             if not isinstance(ps, ProcessSet):
                 raise ValueError("process_sets must be a list of hvd.ProcessSet (or \"dynamic\")")
         ranks = [ps.ranks for ps in process_sets]
-    if not _core.is_initialized() and elastic.enabled():
-        elastic.worker().join()  # this worker's rank and size in the driver's next round
     if not _core.is_initialized():
         # Every rank starts again together: default names restart with the runtime, so a call
         # that failed on one rank while it was down cannot shift that rank's sequence.
         with _noname_lock:
             _noname.clear()
-    _core.init(ranks)
+    if not _core.is_initialized() and elastic.enabled():
+        _elastic_init(ranks)
+    else:
+        _core.init(ranks)
     global _atexit_registered
     if not _atexit_registered:
         # Before interpreter teardown (and before mpi4py finalizes MPI, if it owns it).
@@ -99,6 +100,24 @@ def init(comm=None, process_sets=None):
     if process_sets not in (None, "dynamic"):
         _registered(process_sets)
     global_process_set.ranks = list(range(_core.size()))
+
+
+def _elastic_init(ranks, attempts=10):
+    """Joins the driver's next round and initializes in it. A peer lost while the round
+    forms (killed, or its host gone, during Init) fails this Init on the others: as for a
+    failure while training, they leave that round and join the next one, which the driver forms
+    without the lost worker, instead of ending (the chaos campaign found survivors exiting)."""
+    for attempt in range(attempts):
+        elastic.worker().join()  # this worker's rank and size in the driver's next round
+        try:
+            _core.init(ranks)
+            return
+        except HorovodInternalError as e:
+            if attempt + 1 == attempts:
+                raise
+            warnings.warn("horovod_cpp elastic: Init failed (%s); joining the next round" % e)
+            _core.shutdown()
+            elastic.worker().request_reset("Init failed: %s" % e)
 
 
 def shutdown():

@@ -76,6 +76,7 @@ FAULTS = collections.OrderedDict([
     ("elastic_kill",  (("elastic",), ("digits",), "complete", False)),
     ("elastic_kill2", (("elastic",), ("digits",), "complete", False)),
     ("elastic_reset_kill", (("elastic",), ("digits",), "complete", False)),
+    ("elastic_init_kill", (("elastic",), ("digits",), "complete", False)),
     # HorovodRunner on the test bed's Spark cluster (HVD_SPARK_MASTER): a rank killed, and the
     # executor (JVM) of a rank's host killed
     ("spark_kill",    (("spark",), ("mix", "train"), "fail", True)),
@@ -222,7 +223,7 @@ class Run(object):
         self.sc = sc
         self.python = python
         self.discovery_dir = discovery_dir
-        self.tag = "chaos-%d-%d" % (sc.seed, os.getpid())
+        self.tag = "chaos-%d-%d." % (sc.seed, os.getpid())  # (no tag a prefix of another)
         self.lines = []  # (monotonic, text)
         self.lock = threading.Lock()
         self.fault_at = None
@@ -237,6 +238,8 @@ class Run(object):
                  "--deadlock-grace-seconds", str(GRACE)]
         if sc.backend == "elastic":
             script = os.path.join(self.discovery_dir, "discover.sh")
+            if sc.kind == "elastic_init_kill":
+                knobs = knobs + ["--log-level", "info"]
             return hvdrun + ["-np", "3", "--min-np", "1", "--max-np", "3",
                              "--host-discovery-script", script] + knobs + [
                 self.python, ELASTIC_TRAIN, "--epochs", "6", "--step-delay", "0.01"]
@@ -289,10 +292,10 @@ class Run(object):
         host = sc.host_of(sc.victim) or self.victim_host
         if sc.kind == "stop_resume" and pid:
             # Resumed once the others' timeout and probe are over (it was silent throughout).
-            self.actions.append((now + TIMEOUT + PROBE + 2, lambda: os.kill(pid, signal.SIGCONT),
+            self.actions.append((now + TIMEOUT + PROBE + 2, lambda: self.signal(pid, signal.SIGCONT),
                                  "SIGCONT rank %d" % sc.victim))
         elif sc.kind == "stop_kill" and pid:
-            self.actions.append((now + TIMEOUT + PROBE + 2, lambda: os.kill(pid, signal.SIGKILL),
+            self.actions.append((now + TIMEOUT + PROBE + 2, lambda: self.signal(pid, signal.SIGKILL),
                                  "SIGKILL the stopped rank %d" % sc.victim))
         elif sc.kind == "store_kill":
             def kill_launcher():
@@ -314,6 +317,16 @@ class Run(object):
 
     def on_elastic_line(self, now, text):
         kind = self.sc.kind
+        if kind == "elastic_init_kill":
+            # A worker killed in the middle of the first round's Init (its watchdog's line,
+            # --log-level info, comes after the Gloo context is up and before the endpoint
+            # exchange): the others' Init fails, and they must join the next round.
+            if self.fault_at is None and text.startswith("[127.0.0.1:0]") and \
+                    "answers the others' probes" in text:
+                self.fault_at = now
+                self.actions.append((now, lambda: self.kill_workers(["127.0.0.1:0"]),
+                                     "SIGKILL worker 127.0.0.1:0 during Init"))
+            return
         if self.fault_at is None and "epoch  1/6" in text:
             self.fault_at = now
             victims = ["127.0.0.1:0", socket.gethostname() + ":0"]
@@ -333,6 +346,14 @@ class Run(object):
             victim = socket.gethostname() + ":0"
             self.actions.append((now, lambda: self.kill_workers([victim]),
                                  "SIGKILL worker %s during the reset" % victim))
+
+    def signal(self, pid, sig):
+        """Signals `pid` if it is still this job's: pids are reused within seconds here
+        (pid_max 32768), and a SIGKILL by number once hit another campaign's elastic worker."""
+        if pid in pids_of(self.tag, lambda cmd, env: True):
+            os.kill(pid, sig)
+        else:
+            self.notes.append("pid %d had already ended" % pid)
 
     def kill_workers(self, worker_ids):
         for pid in pids_of(self.tag, lambda cmd, env: any(
@@ -454,7 +475,8 @@ class Run(object):
             m = re.search(r"final test accuracy: ([0-9.]+) \((\d+) ranks at the end\)", text)
             if not m or float(m.group(1)) < ACCURACY_BAR:
                 problems.append("no final accuracy >= %.2f" % ACCURACY_BAR)
-            want = {"elastic_kill": 2, "elastic_kill2": 1, "elastic_reset_kill": 1}[sc.kind]
+            want = {"elastic_kill": 2, "elastic_kill2": 1, "elastic_reset_kill": 1,
+                    "elastic_init_kill": 2}[sc.kind]
             if m and int(m.group(2)) != want:
                 problems.append("%s ranks at the end, expected %d" % (m.group(2), want))
             if self.fault_at is None:
