@@ -3,8 +3,8 @@ NP ranks (the driver on hvd-h1, the ranks on the worker hosts).
 
     spark_driver.py MASTER NP SPEC_JSON
 
-Prints what the ranks print (HorovodRunner forwards it), then "chaos: driver: every rank
-returned" or "chaos: driver error: ..." (exit 1) when run() raised.
+Prints what the ranks print (HorovodRunner streams it), then "chaos: driver: rank 0 returned
+..." or "chaos: driver error: ..." (exit 1) when run() raised.
 """
 import json
 import os
@@ -31,11 +31,16 @@ def main():
                .config("spark.driver.memory", "768m").getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     try:
-        values = HorovodRunner(np=np).run(rank_main, spec=spec, here=HERE)
-        print("chaos: driver: every rank returned %s" % (values,), flush=True)
+        # driver_log_verbosity="all": every rank's output streamed to the driver (the harness
+        # reads the ranks' lines there)
+        value = HorovodRunner(np=np, driver_log_verbosity="all").run(rank_main, spec=spec,
+                                                                      here=HERE)
+        print("chaos: driver: rank 0 returned %s" % (value,), flush=True)
         code = 0
     except Exception as e:  # noqa: BLE001 (the harness judges the message)
-        print("chaos: driver error: %s: %s" % (type(e).__name__, e), flush=True)
+        # one line (the harness reads line by line)
+        print("chaos: driver error: %s: %s" % (type(e).__name__, " | ".join(str(e).splitlines())),
+              flush=True)
         code = 1
     finally:
         session.stop()
