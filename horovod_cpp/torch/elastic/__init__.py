@@ -41,9 +41,12 @@ def run(func):
     def wrapper(state, *args, **kwargs):
         skip_sync = False
         while True:
-            if not skip_sync:
-                state.sync()
             try:
+                # The sync is a collective too: a rank lost during it (right after a round
+                # formed) resets like one lost while training (Horovod's sync is outside its
+                # try: the survivors exit; the chaos campaign found that).
+                if not skip_sync:
+                    state.sync()
                 return func(state, *args, **kwargs)
             except HorovodInternalError as e:
                 state.restore()
