@@ -101,7 +101,7 @@ run "python suite --gloo -H hvd-h1:2,hvd-h2:2" 600 sh -c "cd '$ROOT_DIR/tests/py
 # timeout (3 s here) + 30 s naming the culprit, and leaves nothing running on any host. The
 # two Spark kinds run in the Spark section below; the table is printed at the end.
 chaos_results=/tmp/hvd-chaos-results.$$.jsonl
-run_here "chaos CI subset (tests/chaos, 42 scenarios)" 480 "$PY" "$ROOT_DIR/tests/chaos/chaos.py" \
+run_here "chaos CI subset (tests/chaos, 44 scenarios)" 480 "$PY" "$ROOT_DIR/tests/chaos/chaos.py" \
   --ci --results "$chaos_results"
 
 # Foreign and hostile clients (tests/multihost/hostile, on hvd-h1): the rendezvous store, the
