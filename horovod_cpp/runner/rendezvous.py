@@ -43,6 +43,24 @@ def recv_exact(sock, n):
     return b"".join(chunks)
 
 
+def connect_for_hello(host, port, size, timeout, patience):
+    """(socket, the first ``size`` bytes the server sends). A server shedding a flood closes new
+    connections before its hello: tried again, with backoff, for ``patience`` seconds (the
+    flood's connections time out meanwhile). Shared by the rendezvous and Spark clients."""
+    deadline = time.monotonic() + patience
+    delay = 0.01
+    while True:
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        try:
+            return sock, recv_exact(sock, size)
+        except (ConnectionError, OSError):
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
 class RendezvousServer(object):
     """A key-value store over TCP for one job. ``bind`` is the address to listen on; the port
     is chosen by the kernel (``port``). Thread-safe; ``put``/``get`` work in-process too."""
@@ -167,22 +185,9 @@ class RendezvousClient(object):
 
     def __init__(self, host, port, secret, timeout=30.0):
         self.secret = secret.encode() if isinstance(secret, str) else secret
-        # A store shedding a flood closes new connections before its hello: try again until
-        # the flood's handshakes time out (_AUTH_SECONDS), as the C++ client does.
-        deadline = time.monotonic() + _AUTH_SECONDS + 5
-        delay = 0.01
-        while True:
-            self._sock = socket.create_connection((host, int(port)), timeout=timeout)
-            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            try:
-                hello = recv_exact(self._sock, len(_HELLO) + _NONCE)
-                break
-            except (ConnectionError, OSError):
-                self._sock.close()
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
+        self._sock, hello = connect_for_hello(host, port, len(_HELLO) + _NONCE, timeout,
+                                              _AUTH_SECONDS + 5)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if hello[:len(_HELLO)] != _HELLO:
             raise ConnectionError("%s:%s is not a horovod_cpp rendezvous store" % (host, port))
         self._sock.sendall(hmac.new(self.secret, hello[len(_HELLO):], hashlib.sha256).digest())

@@ -17,14 +17,12 @@ import hashlib
 import hmac
 import os
 import pickle
-import socket
 import socketserver
 import struct
 import threading
-import time
 import weakref
 
-from horovod_cpp.runner.rendezvous import recv_exact as _recv_exact
+from horovod_cpp.runner.rendezvous import connect_for_hello, recv_exact as _recv_exact
 
 _HELLO = b"HVDN"
 _NONCE = 16
@@ -103,19 +101,8 @@ def connect(address, timeout=30.0):
     flood closes new connections before its hello: tried again until the flood's connections
     time out (10 s)."""
     host, _, port = address.rpartition(":")
-    deadline = time.monotonic() + _FIRST_FRAME_SECONDS + 5
-    delay = 0.01
-    while True:
-        sock = socket.create_connection((host, int(port)), timeout=timeout)
-        try:
-            hello = _recv_exact(sock, len(_HELLO) + _NONCE)
-            break
-        except (ConnectionError, OSError):
-            sock.close()
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
+    sock, hello = connect_for_hello(host, port, len(_HELLO) + _NONCE, timeout,
+                                    _FIRST_FRAME_SECONDS + 5)
     if hello[:len(_HELLO)] != _HELLO:
         sock.close()
         raise ProtocolError("%s is not a horovod_cpp service" % address)
