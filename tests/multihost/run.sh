@@ -54,6 +54,19 @@ run() {  # run NAME TIMEOUT CMD...: one job on hvd-h1, bounded in time. With EXP
   rm -f "/tmp/hvd-multihost.$$.log"
 }
 
+run_here() {  # like run, but on this machine (the suite starts its jobs on hvd-h1 itself)
+  local name=$1 limit=$2 start=$SECONDS
+  shift 2
+  if timeout -k 10 "$limit" "$@" > "/tmp/hvd-multihost.$$.log" 2>&1; then
+    echo "multihost: ok   $name ($((SECONDS - start)) s)"
+  else
+    echo "multihost: FAIL $name (exit $? after $((SECONDS - start)) s); last lines:" >&2
+    tail -60 "/tmp/hvd-multihost.$$.log" >&2
+    failures=$((failures + 1))
+  fi
+  rm -f "/tmp/hvd-multihost.$$.log"
+}
+
 "$TESTBED" up 3
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -116,18 +129,6 @@ run "hostile clients (tests/multihost/hostile)" 300 sh -c "cd '$ROOT_DIR/tests/m
 # host added by discovery, fewer hosts than --min-np. Time to resume and steps redone are
 # printed after it.
 elastic_report=/tmp/hvd-elastic-report.$$
-run_here() {  # like run, but on this machine (the suite starts its jobs on hvd-h1 itself)
-  local name=$1 limit=$2 start=$SECONDS
-  shift 2
-  if timeout -k 10 "$limit" "$@" > "/tmp/hvd-multihost.$$.log" 2>&1; then
-    echo "multihost: ok   $name ($((SECONDS - start)) s)"
-  else
-    echo "multihost: FAIL $name (exit $? after $((SECONDS - start)) s); last lines:" >&2
-    tail -60 "/tmp/hvd-multihost.$$.log" >&2
-    failures=$((failures + 1))
-  fi
-  rm -f "/tmp/hvd-multihost.$$.log"
-}
 run_here "elastic suite (3 hosts)" 600 env HVD_ELASTIC_REPORT="$elastic_report" \
   "$PY" -m pytest -q "$ROOT_DIR/tests/multihost/elastic"
 [[ -f $elastic_report ]] && sed 's/^/multihost: /' "$elastic_report"
