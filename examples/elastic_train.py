@@ -19,6 +19,10 @@ compares the whole optimizer state (gathered from the slices) with the last comm
 --sharded 3 the parameters are sharded too (hvd.shard_model, each Linear a unit): a commit keeps
 every rank's slices of the parameters and of the optimizer state with a replica, and a reset
 re-splits both over the ranks there are.
+
+With --powersgd R the gradients travel PowerSGD-compressed (rank R, from step 10): a commit keeps
+its state (Qs, step count, each rank's error feedback as the mean over the ranks), and the check
+after a reset also says whether every rank holds the same PowerSGD state.
 """
 import argparse
 import hashlib
@@ -41,6 +45,15 @@ def digest(model):
     sd = sharded.state_dict(to=None) if sharded is not None else model.state_dict()
     for _, t in sorted(sd.items()):
         h.update(t.detach().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def powersgd_digest(state):
+    h = hashlib.sha256(str(state["iter"]).encode())
+    for kind in ("qs", "errors"):
+        for key, value in sorted(state[kind].items()):
+            h.update(("%s.%s" % (kind, key)).encode())
+            h.update(value.detach().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -70,6 +83,8 @@ def main():
     parser.add_argument("--sharded", type=int, choices=(0, 1, 2, 3), default=0,
                         help="0: DistributedOptimizer; 1, 2 or 3: ShardedOptimizer of that "
                              "stage (3: the parameters sharded too, hvd.shard_model)")
+    parser.add_argument("--powersgd", type=int, default=0, metavar="RANK",
+                        help="DistributedOptimizer with PowerSGD of this rank (0: off)")
     parser.add_argument("--data", default=DEFAULT_DATA)
     args = parser.parse_args()
 
@@ -86,8 +101,11 @@ def main():
                                          momentum=0.9)
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
-        optimizer = hvd.DistributedOptimizer(optimizer,
-                                             named_parameters=model.named_parameters())
+        compression = (hvd.Compression.powersgd(matrix_approximation_rank=args.powersgd,
+                                                start_powerSGD_iter=10)
+                       if args.powersgd else hvd.Compression.none)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             compression=compression)
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=1)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, steps=0)
     # "committed": the (parameters, optimizer state) digests of this rank's last commit;
@@ -147,6 +165,13 @@ def main():
         elif state.steps > 0:
             print("sync check: rank %d of %d params %s equal on every rank %s, new rank"
                   % (hvd.rank(), hvd.size(), now, len(set(digests)) == 1), flush=True)
+        if args.powersgd and state.steps > 0:
+            comp = optimizer._powersgd
+            mine = powersgd_digest(comp.state_dict())
+            every = hvd.allgather_object(mine, name="elastic.powersgd_digests")
+            print("powersgd check: rank %d step %d, %d errors, state %s equal on every rank %s"
+                  % (hvd.rank(), comp.iter, len(comp.errors), mine, len(set(every)) == 1),
+                  flush=True)
         while state.epoch < args.epochs:
             model.train()
             loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size,

@@ -46,7 +46,37 @@ class FP16Compressor(Compressor):
         return tensor_decompressed
 
 
+class BF16Compressor(Compressor):
+    """Floating-point tensors travel as bfloat16 (float32's range, 8 bits of mantissa: no
+    overflow where float16 would need a loss scale) and come back in their own dtype."""
+
+    @staticmethod
+    def compress(tensor):
+        tensor_compressed = tensor
+        if tensor.dtype.is_floating_point:
+            tensor_compressed = tensor.type(torch.bfloat16)
+        return tensor_compressed, tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        tensor_decompressed = tensor
+        if ctx.is_floating_point:
+            tensor_decompressed = tensor.type(ctx)
+        return tensor_decompressed
+
+
+def _powersgd(**kwargs):
+    """PowerSGD low-rank compression of an optimizer's gradients (horovod_cpp.torch.powersgd):
+    ``DistributedOptimizer(opt, compression=Compression.powersgd(matrix_approximation_rank=2,
+    start_powerSGD_iter=10))``. One instance per optimizer (it keeps state per gradient)."""
+    from horovod_cpp.torch.powersgd import PowerSGD
+    return PowerSGD(**kwargs)
+
+
 class Compression:
-    """The compression algorithms to choose from: ``Compression.none``, ``Compression.fp16``."""
+    """The compression algorithms to choose from: ``Compression.none``, ``Compression.fp16``,
+    ``Compression.bf16``, and for DistributedOptimizer ``Compression.powersgd(...)``."""
     none = NoneCompressor
     fp16 = FP16Compressor
+    bf16 = BF16Compressor
+    powersgd = staticmethod(_powersgd)

@@ -25,6 +25,7 @@ from horovod_cpp.torch.functions import broadcast_object
 from horovod_cpp.torch.mpi_ops import (Adasum, Average, HorovodNotSupportedError, allreduce_async_,
                                        grouped_allreduce_async_, rank, size,
                                        sparse_allreduce_async, synchronize)
+from horovod_cpp.torch.powersgd import _LowRankReduction
 from horovod_cpp.torch.process_sets import global_process_set
 
 # PyTorch 2.1+: a hook on the parameter that runs once its .grad has been accumulated.
@@ -38,7 +39,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  op=Average, gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
                  process_set=global_process_set):
         super(self.__class__, self).__init__(params)
-        self._compression = compression
+        # A stateful compressor (PowerSGD) reduces a gradient itself; the others are a codec
+        # around the ordinary allreduce.
+        self._powersgd = compression if getattr(compression, "stateful", False) else None
+        self._compression = Compression.none if self._powersgd is not None else compression
+        if self._powersgd is not None:
+            if op != Average:
+                raise ValueError("PowerSGD averages gradients: op must be Average")
+            if groups is not None:
+                raise ValueError("PowerSGD does not take groups: the runtime already fuses "
+                                 "neighbouring gradients' P and Q matrices")
 
         if named_parameters is not None:
             named_parameters = list(named_parameters)
@@ -172,6 +182,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 tensor = tensor.to_dense()
             else:
                 return self._sparse_allreduce_grad_async(p, name)
+        if self._powersgd is not None:
+            work = self._powersgd.reduce_async(tensor, name, self.process_set)
+            if work is not None:  # compressed: P's allreduce started
+                return work, None
         tensor_compressed, ctx = self._compression.compress(tensor)
         prescale_factor, postscale_factor = self._scale_factors()
         handle = allreduce_async_(tensor_compressed, name=name, op=self.op,
@@ -275,7 +289,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if handle is None:
                 self._handles[p] = self._allreduce_grad_async(p)
 
+        if self._powersgd is not None:
+            # Every compressed gradient's Q allreduce starts before any is waited for, so the
+            # runtime fuses them.
+            for handle, _ in self._handles.values():
+                if isinstance(handle, _LowRankReduction):
+                    handle.advance()
         for p, (handle, ctx) in self._handles.items():
+            if isinstance(handle, _LowRankReduction):
+                output = handle.finish()
+                self._allreduce_delay[p] = self.backward_passes_per_step
+                if output is not p.grad:  # sparse_as_dense: a dense copy was reduced
+                    p.grad = output.to_sparse() if p.grad.is_sparse else output
+                continue
             if isinstance(p, tuple):  # a group
                 outputs = synchronize(handle)
                 for gp, output, c in zip(p, outputs, ctx):
@@ -296,6 +322,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handles.clear()
         self._in_flight = False
         self._reduced = True
+        if self._powersgd is not None:
+            self._powersgd.step_done([p.grad for p in self._requires_update
+                                      if p.grad is not None and not p.grad.is_sparse])
 
     @contextmanager
     def skip_synchronize(self):
@@ -343,7 +372,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     as soon as they are accumulated, overlapping the backward pass; ``step()`` waits for them.
 
     Arguments follow horovod.torch: ``named_parameters`` (``model.named_parameters()``, names
-    the allreduces), ``compression``, ``backward_passes_per_step`` (accumulate locally over
+    the allreduces), ``compression`` (``Compression.none``, ``fp16``, ``bf16``, or
+    ``Compression.powersgd(...)``: low-rank, with error feedback), ``backward_passes_per_step`` (accumulate locally over
     that many backward passes), ``op`` (Average or Sum), ``gradient_predivide_factor``,
     ``groups`` (an int or a list of lists of parameters to allreduce together),
     ``sparse_as_dense``, ``process_set``.

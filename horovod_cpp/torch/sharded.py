@@ -39,6 +39,7 @@ import time
 
 import torch
 
+from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.functions import allgather_object
 from horovod_cpp.torch.mpi_ops import (Average, HorovodNotSupportedError, Max, Sum,
                                        allgather, allgather_async, allreduce,
@@ -368,7 +369,13 @@ class ShardedOptimizer(_ElasticShards, torch.optim.Optimizer):
         return super().__new__(cls)
 
     def __init__(self, params, optimizer_class, stage=2, process_set=global_process_set,
-                 backward_passes_per_step=1, op=Average, bucket_cap_mb=25, **defaults):
+                 backward_passes_per_step=1, op=Average, bucket_cap_mb=25,
+                 compression=Compression.none, **defaults):
+        if getattr(compression, "stateful", False):
+            raise ValueError("ShardedOptimizer takes Compression.none, fp16 or bf16: PowerSGD "
+                             "needs every gradient whole on every rank (and keeps a whole "
+                             "error per rank), which is what sharding the gradients avoids; "
+                             "use it with hvd.DistributedOptimizer")
         if stage not in (1, 2):
             raise ValueError("stage must be 1 (optimizer state sharded), 2 (gradients too) or "
                              "3 (parameters too: hvd.shard_model), got %r" % (stage,))
@@ -382,6 +389,7 @@ class ShardedOptimizer(_ElasticShards, torch.optim.Optimizer):
         self.process_set = process_set
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
+        self._compression = compression  # the buckets' reductions travel as it says
         self._bucket_cap = max(1, int(bucket_cap_mb * 1024 * 1024))
         self._optimizer_class = optimizer_class
         self._defaults = dict(defaults)
@@ -568,15 +576,17 @@ class ShardedOptimizer(_ElasticShards, torch.optim.Optimizer):
                 b.view(b.grad_flat, i).zero_()
         name = "sharded.%d.%d" % (b.index, b.launched)
         if self._size == 1:  # nothing to reduce with: the bucket's gradient is the result
-            b.handles.append(b.grad_flat)
+            b.handles.append((b.grad_flat, None))
             b.direct = False
         elif self.stage == 1:
-            b.handles.append(allreduce_async_(b.grad_flat, name=name, op=Sum,
-                                              process_set=self.process_set))
+            send, ctx = self._compression.compress(b.grad_flat)
+            b.handles.append((allreduce_async_(send, name=name, op=Sum,
+                                               process_set=self.process_set), ctx))
         else:
             op = self.op if b.direct else Sum
-            b.handles.append(reducescatter_async(b.grad_flat, name=name, op=op,
-                                                 process_set=self.process_set))
+            send, ctx = self._compression.compress(b.grad_flat)
+            b.handles.append((reducescatter_async(send, name=name, op=op,
+                                                  process_set=self.process_set), ctx))
             b.direct = False
             self._drain(wait=False)
             b.grad_flat = None  # the handle keeps it until the reduction is done
@@ -614,9 +624,15 @@ class ShardedOptimizer(_ElasticShards, torch.optim.Optimizer):
         order: stage 2 adds each into the bucket's reduced slice and lets go of its input, so
         that a bucket's full gradient lives only until its reducescatter is done."""
         for b in self._buckets:
-            while b.handles and (wait or torch.is_tensor(b.handles[0]) or poll(b.handles[0])):
-                h = b.handles.pop(0)
-                out = h if torch.is_tensor(h) else synchronize(h)
+            while b.handles and (wait or torch.is_tensor(b.handles[0][0]) or
+                                 poll(b.handles[0][0])):
+                h, ctx = b.handles.pop(0)
+                if torch.is_tensor(h):
+                    out = h
+                else:
+                    out = self._compression.decompress(synchronize(h), ctx)
+                    if self.stage == 1 and out.data_ptr() != b.grad_flat.data_ptr():
+                        b.grad_flat.copy_(out)  # reduced in another dtype: back in place
                 if self.stage == 2:
                     b.reduced = out if b.reduced is None else b.reduced.add_(out)
 

@@ -39,6 +39,7 @@ from horovod_cpp.torch.mpi_ops import (Average, HorovodNotSupportedError, Sum, a
                                        allgather_async, poll, reducescatter_async,
                                        synchronize)
 from horovod_cpp.torch.process_sets import global_process_set
+from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.functions import allgather_object
 from horovod_cpp.torch.sharded import (ShardedOptimizer, check_gradient,
                                        clip_slices_by_global_norm, is_element_state,
@@ -676,6 +677,12 @@ class FullyShardedOptimizer(ShardedOptimizer):
 
     def __init__(self, params, optimizer_class, stage=3, process_set=None,
                  backward_passes_per_step=None, op=None, bucket_cap_mb=None, **defaults):
+        compression = defaults.pop("compression", None)
+        if compression is not None and compression is not Compression.none:
+            raise HorovodNotSupportedError(
+                "ShardedOptimizer(stage=3) does not compress: its gradients are reduce-scattered "
+                "by hvd.shard_model's hooks in their own dtype (stages 1 and 2 take fp16 and "
+                "bf16)")
         groups, names = ShardedOptimizer._normalize(params)
         shardings = {getattr(p, "_hvd_sharding", None) for g in groups for p in g["params"]}
         if None in shardings or len(shardings) != 1:

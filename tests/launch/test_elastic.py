@@ -129,14 +129,19 @@ def worker_pids(worker_id):
 ACCURACY_BAR = 0.93  # examples/elastic_train.py, 6 epochs: a fixed-size run reaches 0.95-0.97
 
 
-@pytest.mark.parametrize("sharded", [0, 2, 3], ids=["distributed", "sharded2", "sharded3"])
+@pytest.mark.parametrize("sharded", [0, 2, 3, "powersgd"],
+                         ids=["distributed", "sharded2", "sharded3", "powersgd"])
 def test_training_survives_a_killed_rank_and_resumes_from_the_last_commit(tmp_path, sharded):
     """With --sharded 2 the killed rank's slice of the optimizer state comes back from its
-    replica, and the whole state after the reset equals the last commit's."""
+    replica, and the whole state after the reset equals the last commit's. With PowerSGD
+    the 2 ranks left go on from the 3 ranks' committed state (errors: their mean)."""
     script, _ = discovery(tmp_path, [A + ":1", B + ":1", C + ":1"])
+    powersgd = sharded == "powersgd"
+    sharded = 0 if powersgd else sharded
     job = elastic_train(["-np", "3", "--min-np", "2", "--max-np", "3",
                          "--host-discovery-script", script],
-                        ["--epochs", "6", "--step-delay", "0.01", "--sharded", str(sharded)])
+                        ["--epochs", "6", "--step-delay", "0.01", "--sharded", str(sharded)]
+                        + (["--powersgd", "2"] if powersgd else []))
     out = []
     killed_at = None
     deadline = time.monotonic() + 200
@@ -167,6 +172,10 @@ def test_training_survives_a_killed_rank_and_resumes_from_the_last_commit(tmp_pa
     assert len(checks) == 2, text
     assert all("equal on every rank True, equal to my last commit True" in l for l in checks), \
         text
+    if powersgd:  # every rank of the new world holds the same PowerSGD state, errors included
+        pchecks = [l for l in out if re.search(r"powersgd check: rank \d step \d+, [1-9]\d* "
+                                               r"errors, state \w+ equal on every rank True", l)]
+        assert len(pchecks) == 2, text
     if sharded:
         assert all("equal to the last commit True" in l for l in checks), text
         assert re.search(r"resharded the optimizer state( and the parameters)? over 2 ranks in "

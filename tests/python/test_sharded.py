@@ -148,6 +148,26 @@ def test_fp32_matches_distributed_optimizer(stage, kind):
     assert_params_close(got, ref, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+@pytest.mark.parametrize("stage", [1, 2])
+def test_half_precision_reductions_stay_close_to_fp32(stage, compression):
+    """Gradients reduced as fp16 / bf16 (half the bytes): within their precision of the same
+    training reduced in fp32, and not equal to it (they did travel in half precision)."""
+    data = batches(steps=5, micro=1, dtype=torch.float32)
+    ref, _, _ = train_sharded("sgd", stage, data, model=make_model(dtype=torch.float32))
+    model = make_model(dtype=torch.float32)
+    cls, kw = OPTIMIZERS["sgd"]
+    opt = hvd.ShardedOptimizer(model.named_parameters(), cls, stage=stage,
+                               bucket_cap_mb=SMALL_BUCKETS_MB,
+                               compression=getattr(hvd.Compression, compression), **kw)
+    got, _, _ = train_sharded("sgd", stage, data, model=model, opt=opt)
+    assert_params_close(got, ref, rtol=2e-2, atol=2e-3)
+    assert any(not torch.equal(g, w) for g, w in zip(got.parameters(), ref.parameters()))
+    with pytest.raises(ValueError, match="PowerSGD needs every gradient whole"):
+        hvd.ShardedOptimizer(model.named_parameters(), cls, stage=stage,
+                             compression=hvd.Compression.powersgd(), **kw)
+
+
 @pytest.mark.parametrize("stage", [1, 2])
 def test_consolidated_state_loads_into_the_unsharded_optimizer(stage):
     data = batches(steps=3, micro=1)

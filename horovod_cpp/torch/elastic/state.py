@@ -87,7 +87,11 @@ class TorchState(ObjectState):
     the last commit over the ranks of the re-formed job (``reshard_seconds``: how long it
     took): losing one rank or one host between two commits loses nothing committed. With a
     model given to ``hvd.shard_model`` (stage 3) the parameters are sharded too: the commit
-    keeps their slices the same way, and the reshard re-splits them over the new ranks."""
+    keeps their slices the same way, and the reshard re-splits them over the new ranks.
+
+    With ``compression=hvd.Compression.powersgd(...)`` the commit keeps its step count, its Qs
+    and each error as the mean over the ranks (the averaged gradients depend on nothing
+    else); restore and sync give every rank of the new world that mean."""
 
     def __init__(self, model=None, optimizer=None, **kwargs):
         self.model = model
@@ -96,6 +100,7 @@ class TorchState(ObjectState):
         self._pending_snapshot = None
         self._saved_model_state = None
         self._saved_optimizer_state = None
+        self._saved_compression = None
         # Objects with state_dict/load_state_dict (an ElasticSampler) travel as their state.
         self._handled = {k: v for k, v in kwargs.items()
                          if hasattr(v, "state_dict") and hasattr(v, "load_state_dict")}
@@ -105,6 +110,10 @@ class TorchState(ObjectState):
         self._saved_handled = {}
         super().__init__(**plain)
         self._save_torch()
+
+    def _compressor(self):
+        """The optimizer's PowerSGD state (its Qs, errors and step count), if it has one."""
+        return getattr(self.optimizer, "_powersgd", None) if self.optimizer is not None else None
 
     def _sharded(self):
         return self.optimizer is not None and hasattr(self.optimizer, "_elastic_reshard")
@@ -142,6 +151,12 @@ class TorchState(ObjectState):
             self._pending_snapshot = None
         elif self.optimizer is not None:
             self._saved_optimizer_state = copy.deepcopy(self.optimizer.state_dict())
+        comp = self._compressor()
+        if comp is not None:
+            # Collective: each error as its mean over the ranks, all that the averaged
+            # gradients depend on, so that a world of another size goes on exactly.
+            self._saved_compression = (comp._elastic_commit(self.optimizer.process_set)
+                                       if replicate else comp.state_dict())
         self._keep(snapshot)
 
     def save(self):
@@ -162,6 +177,8 @@ class TorchState(ObjectState):
             # A copy: PyTorch 2's load_state_dict keeps the tensors it is given as the state,
             # which the next steps would then change under the commit.
             self.optimizer.load_state_dict(copy.deepcopy(self._saved_optimizer_state))
+        if self._compressor() is not None:
+            self._compressor().load_state_dict(self._saved_compression)
         self._restore_model_and_objects()
 
     def sync(self):
@@ -178,6 +195,9 @@ class TorchState(ObjectState):
             broadcast_parameters(self._model_state(), root_rank=0)
         if self.optimizer is not None and not self._sharded():
             broadcast_optimizer_state(self.optimizer, root_rank=0)
+        if self._compressor() is not None:  # rank 0's last commit (errors: the mean)
+            self._compressor().load_state_dict(broadcast_object(
+                self._saved_compression, 0, name="elastic.powersgd"))
         for k, v in self._handled.items():  # rank 0's, then re-partitioned for the new world
             v.load_state_dict(broadcast_object(v.state_dict(), 0, name="elastic." + k))
         super().sync()

@@ -1,0 +1,239 @@
+"""PowerSGD (hvd.Compression.powersgd) and bf16 compression in DistributedOptimizer, against
+independent references: a one-process simulation of PowerSGD over every rank's gradients
+(written from the algorithm, orthonormalizing with torch.linalg.qr, not the product's
+Gram-Schmidt), and for bf16 the full-precision average rounded as bf16 would."""
+import copy
+
+import pytest
+import torch
+
+import horovod_cpp.torch as hvd
+from horovod_cpp.torch.powersgd import q_seed
+from conftest import same_on_every_rank
+
+
+class Net(torch.nn.Module):
+    """Matrices worth compressing (conv 6x3x3x3, 12x24), one not worth it (2x12), vectors."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 6, 3)
+        self.fc1 = torch.nn.Linear(24, 12)
+        self.fc2 = torch.nn.Linear(12, 2)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x))             # N x 6 x 4 x 4
+        h = torch.nn.functional.avg_pool2d(h, 2).flatten(1)  # N x 24
+        return self.fc2(torch.relu(self.fc1(h)))
+
+
+def data(rank, step, n=4):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(n, 3, 6, 6, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 2, (n,), generator=g)
+    return x, y
+
+
+def make_model():
+    torch.manual_seed(7)
+    return Net().double()
+
+
+def loss_of(model, x, y):
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def reference(size, steps, rank_r, start, error_feedback, warm_start, seed=0, lr=0.1,
+              errors=None, qs=None, first_step=0, model=None):
+    """One process: every simulated rank's gradient on its own batch, then PowerSGD as the
+    paper and PyTorch's hook define it. Returns (model, reduced gradients per step, errors,
+    qs)."""
+    model = model if model is not None else make_model()
+    names = [n for n, _ in model.named_parameters()]
+    errors = {} if errors is None else {k: [e.clone() for e in v] for k, v in errors.items()}
+    qs = {} if qs is None else {k: v.clone() for k, v in qs.items()}
+    history = []
+    for step in range(first_step, first_step + steps):
+        grads = []
+        for r in range(size):
+            model.zero_grad()
+            loss_of(model, *data(r, step)).backward()
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        reduced = {}
+        for name in names:
+            g = [grads[r][name] for r in range(size)]
+            shape = g[0].shape
+            n = shape[0]
+            m = g[0].numel() // n
+            r_ = min(n, m, rank_r)
+            if step < start or g[0].dim() < 2 or not n * m > (n + m) * r_ * 2:
+                reduced[name] = sum(g) / size
+                continue
+            mats = [x.reshape(n, m) + (errors[name][i] if error_feedback and name in errors
+                                        else 0) for i, x in enumerate(g)]
+            q = qs.get(name) if warm_start else None
+            if q is None:
+                gen = torch.Generator().manual_seed(q_seed(seed, name, step))
+                q = torch.randn(m, r_, generator=gen, dtype=torch.float32).double()
+            q = torch.linalg.qr(q).Q
+            p = torch.linalg.qr(sum(mat @ q for mat in mats)).Q
+            q = sum(mat.t() @ p for mat in mats) / size
+            approx = p @ q.t()
+            if error_feedback:
+                errors[name] = [mat - approx for mat in mats]
+            if warm_start:
+                qs[name] = q
+            reduced[name] = approx.reshape(shape)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p -= lr * reduced[name]
+        history.append(reduced)
+    return model, history, errors, qs
+
+
+def distributed(steps, rank_r, start, error_feedback, warm_start, seed=0, lr=0.1, model=None,
+                compression=None, first_step=0):
+    model = model if model is not None else make_model()
+    comp = compression or hvd.Compression.powersgd(
+        matrix_approximation_rank=rank_r, start_powerSGD_iter=start,
+        use_error_feedback=error_feedback, warm_start=warm_start, random_seed=seed)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
+                                   named_parameters=model.named_parameters(), compression=comp)
+    history = []
+    for step in range(first_step, first_step + steps):
+        opt.zero_grad()
+        loss_of(model, *data(hvd.rank(), step)).backward()
+        opt.synchronize()
+        history.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        with opt.skip_synchronize():
+            opt.step()
+    return model, history, comp, opt
+
+
+@pytest.mark.parametrize("rank_r,start,error_feedback,warm_start", [
+    (1, 0, True, True), (2, 2, True, True), (2, 0, False, True), (3, 1, True, False)])
+def test_powersgd_agrees_with_a_one_process_reference(rank_r, start, error_feedback, warm_start):
+    steps = 5
+    model, history, comp, _ = distributed(steps, rank_r, start, error_feedback, warm_start)
+    ref_model, ref_history, _, _ = reference(hvd.size(), steps, rank_r, start, error_feedback,
+                                             warm_start)
+    for step, (got, want) in enumerate(zip(history, ref_history)):
+        for name in want:
+            assert torch.allclose(got[name], want[name], atol=1e-5, rtol=1e-5), (step, name)
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+        assert torch.allclose(p, q, atol=1e-5, rtol=1e-5), name
+    # Every rank got the same gradients, and the compressed ones are low-rank.
+    assert same_on_every_rank([h["fc1.weight"].sum().item() for h in history]) == \
+        [[h["fc1.weight"].sum().item() for h in history]] * hvd.size()
+    if start < steps:
+        assert torch.linalg.matrix_rank(history[-1]["fc1.weight"]).item() <= rank_r
+    # What a step sends: (n + m) r for a matrix that saves more than 2x (conv 6x27 up to
+    # r = 2, fc1 12x24 up to r = 3, never fc2 2x12), the rest whole.
+    whole = sum(p.numel() for p in model.parameters())
+    sent = whole
+    for n, m in ((6, 27), (12, 24)):
+        if n * m > 2 * (n + m) * rank_r:
+            sent += (n + m) * rank_r - n * m
+    assert comp.compression_rate() == pytest.approx(whole / sent)
+    assert comp.iter == steps
+
+
+def test_powersgd_before_start_is_the_exact_average():
+    model, history, comp, _ = distributed(2, 1, 10, True, True)
+    _, ref_history, _, _ = reference(hvd.size(), 2, 1, 10, True, True)
+    for got, want in zip(history, ref_history):
+        for name in want:
+            assert torch.allclose(got[name], want[name], atol=1e-12), name
+    assert comp.errors == {} and comp.qs == {}
+
+
+def model_from(state):
+    """A new model (an optimizer's hooks stay on the parameters it was given) with ``state``."""
+    model = make_model()
+    model.load_state_dict(state)
+    return model
+
+
+def test_powersgd_state_dict_round_trip_continues_the_same_trajectory():
+    model, _, comp, _ = distributed(3, 2, 0, True, True)
+    saved_model, saved = copy.deepcopy(model.state_dict()), comp.state_dict()
+    after, _, _, _ = distributed(2, 2, 0, True, True, model=model_from(saved_model),
+                                 compression=comp, first_step=3)
+    comp2 = hvd.Compression.powersgd(matrix_approximation_rank=2, start_powerSGD_iter=0)
+    comp2.load_state_dict(saved)
+    again, _, _, _ = distributed(2, 2, 0, True, True, model=model_from(saved_model),
+                                 compression=comp2, first_step=3)
+    for p, q in zip(again.parameters(), after.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_only_the_mean_error_matters():
+    """What hvd.elastic keeps of the errors (their mean over the ranks) continues the job
+    exactly as every rank's own error would."""
+    model, _, comp, _ = distributed(3, 2, 0, True, True)
+    committed = comp._elastic_commit(hvd.global_process_set)
+    for name, mean in committed["errors"].items():
+        gathered = hvd.allgather(comp.errors[name].unsqueeze(0), name="err." + name)
+        assert torch.allclose(mean, gathered.mean(0), atol=1e-12)
+    assert set(committed["errors"]) == {"conv.weight", "fc1.weight"}
+    saved_model = copy.deepcopy(model.state_dict())
+    own, _, _, _ = distributed(3, 2, 0, True, True, model=model_from(saved_model),
+                               compression=comp, first_step=3)
+    comp.load_state_dict(committed)  # every rank: the mean error
+    mean, _, _, _ = distributed(3, 2, 0, True, True, model=model_from(saved_model),
+                                compression=comp, first_step=3)
+    for p, q in zip(mean.parameters(), own.parameters()):
+        assert torch.allclose(p, q, atol=1e-10)
+    # ... and differ from forgetting the errors.
+    comp.load_state_dict(dict(committed, errors={}))
+    forgot, _, _, _ = distributed(3, 2, 0, True, True, model=model_from(saved_model),
+                                  compression=comp, first_step=3)
+    assert not torch.allclose(forgot.fc1.weight, own.fc1.weight, atol=1e-6)
+
+
+def test_powersgd_refuses_what_it_cannot_do():
+    model = make_model()
+    with pytest.raises(ValueError, match="op must be Average"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=model.named_parameters(), op=hvd.Sum,
+                                 compression=hvd.Compression.powersgd())
+    with pytest.raises(TypeError, match="compresses an optimizer's gradients"):
+        hvd.allreduce(torch.ones(4, 4), compression=hvd.Compression.powersgd())
+    with pytest.raises(ValueError, match="matrix_approximation_rank"):
+        hvd.Compression.powersgd(matrix_approximation_rank=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bf16_compression_is_the_average_at_bf16_precision(dtype):
+    x = (torch.arange(64, dtype=dtype) / 7 + hvd.rank()).reshape(8, 8)
+    got = hvd.allreduce(x, name="bf16.%s" % dtype, compression=hvd.Compression.bf16)
+    assert got.dtype == dtype
+    every = [(torch.arange(64, dtype=dtype) / 7 + r).reshape(8, 8) for r in range(hvd.size())]
+    exact = sum(every) / hvd.size()
+    # Each input rounded to bf16 (8 bits of mantissa), each partial sum and the average too.
+    assert torch.allclose(got, exact, rtol=2 ** -6, atol=0)
+    assert not torch.equal(got, exact)  # it did travel as bf16
+    ints = torch.arange(6, dtype=torch.int64)  # not floating point: exact
+    assert torch.equal(hvd.allreduce(ints, name="bf16.ints", op=hvd.Sum,
+                                     compression=hvd.Compression.bf16), ints * hvd.size())
+
+
+def test_bf16_distributed_optimizer_trains_like_full_precision():
+    torch.manual_seed(3)
+    model = torch.nn.Linear(6, 3)
+    ref = copy.deepcopy(model)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.bf16)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(4):
+        xs = [torch.randn(5, 6, generator=torch.Generator().manual_seed(step * 10 + r))
+              for r in range(hvd.size())]
+        opt.zero_grad()
+        model(xs[hvd.rank()]).pow(2).mean().backward()
+        opt.step()
+        ref_opt.zero_grad()
+        (sum(ref(x).pow(2).mean() for x in xs) / hvd.size()).backward()
+        ref_opt.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.allclose(p, q, rtol=1e-2, atol=1e-3)
