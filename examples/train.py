@@ -7,6 +7,10 @@ every fifth image is held out for testing. Each epoch every rank draws the same 
 the training set and takes its slice of every global batch, so the global batch (and the
 result) does not depend on the number of ranks. Rank 0 prints loss, test accuracy and
 samples/s per epoch, then the final accuracy.
+
+--compression fp16|bf16 sends the gradients in half precision; --compression powersgd sends
+rank --powersgd-rank approximations of the weight matrices (PowerSGD with error feedback) from
+step --powersgd-start on, and prints the compression rate.
 """
 import argparse
 import os
@@ -28,7 +32,15 @@ def load_digits(path):
     return images[~test], labels[~test], images[test], labels[test]
 
 
-def train(dataset, epochs=20, batch_size=32, lr=0.1, seed=42, log=print):
+def make_compression(name, powersgd_rank=2, powersgd_start=50):
+    if name == "powersgd":
+        return hvd.Compression.powersgd(matrix_approximation_rank=powersgd_rank,
+                                        start_powerSGD_iter=powersgd_start)
+    return getattr(hvd.Compression, name)
+
+
+def train(dataset, epochs=20, batch_size=32, lr=0.1, seed=42, log=print, compression="none",
+          powersgd_rank=2, powersgd_start=50):
     """Trains on ``dataset`` = (x_train, y_train, x_test, y_test) on every rank; rank 0 reports
     progress through ``log``. Returns the final test accuracy (the same on every rank)."""
     hvd.init()
@@ -39,7 +51,9 @@ def train(dataset, epochs=20, batch_size=32, lr=0.1, seed=42, log=print):
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    comp = make_compression(compression, powersgd_rank, powersgd_start)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression=comp)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     steps = len(y_train) // batch_size
@@ -68,6 +82,9 @@ def train(dataset, epochs=20, batch_size=32, lr=0.1, seed=42, log=print):
         if rank == 0:
             log("epoch %2d/%d  loss %.4f  test accuracy %.4f  %.0f samples/s"
                 % (epoch, epochs, mean_loss, accuracy, steps * batch_size / elapsed))
+    if rank == 0 and compression == "powersgd":
+        log("powersgd: rank %d from step %d, %.1fx fewer numbers sent per step"
+            % (powersgd_rank, powersgd_start, comp.compression_rate()))
     if rank == 0:
         log("final test accuracy: %.4f (%d rank%s, %d test images)"
             % (accuracy, size, "" if size == 1 else "s", len(y_test)))
@@ -81,10 +98,17 @@ def main():
     parser.add_argument("--batch-size", type=int, default=32, help="global batch size")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--compression", choices=("none", "fp16", "bf16", "powersgd"),
+                        default="none", help="how gradients travel (default: none)")
+    parser.add_argument("--powersgd-rank", type=int, default=2,
+                        help="PowerSGD's matrix_approximation_rank (default 2)")
+    parser.add_argument("--powersgd-start", type=int, default=50,
+                        help="steps averaged exactly before PowerSGD starts (default 50)")
     parser.add_argument("--data", default=DEFAULT_DATA)
     args = parser.parse_args()
     train(load_digits(args.data), epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-          seed=args.seed, log=lambda line: print(line, flush=True))
+          seed=args.seed, log=lambda line: print(line, flush=True), compression=args.compression,
+          powersgd_rank=args.powersgd_rank, powersgd_start=args.powersgd_start)
 
 
 if __name__ == "__main__":
