@@ -6,8 +6,11 @@
 #include <cstring>
 #include <iostream>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
+
+#include <ATen/CPUGeneratorImpl.h>
 
 namespace hvd {
 namespace torch {
@@ -324,13 +327,61 @@ void BroadcastOptimizerState(::torch::optim::Optimizer& optimizer, int root_rank
 // ---- DistributedOptimizer -------------------------------------------------------------------
 
 struct DistributedOptimizer::Param {
-  std::string name;
+  std::string name;  // "allreduce." + key
+  std::string key;   // the name given (PowerSGD's seeds use it, as Python does)
   ::torch::Tensor tensor;
   unsigned hook = 0;
   bool hooked = false;
   int passes = 0;      // backward passes since the last Synchronize
   TorchHandle handle;  // the allreduce in flight
+  ::torch::ScalarType sent_as = ::torch::kFloat;  // fp16 / bf16: the dtype to restore
+  bool cast = false;
+  // PowerSGD: 0 none in flight, 1 P's allreduce, 2 Q's.
+  int low_rank_stage = 0;
+  ::torch::Tensor matrix, p, q, error;  // M (n x m, the gradient + error), P, Q (kept: warm)
 };
+
+uint64_t PowerSGDQSeed(int64_t random_seed, const std::string& name, int64_t step) {
+  const std::string text =
+      std::to_string(random_seed) + "/" + name + "/" + std::to_string(step);
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h & 0x7FFFFFFFFFFFFFFFULL;
+}
+
+namespace {
+
+// Orthonormal columns, in place (Gram-Schmidt in float32 at least); a zero column stays zero.
+void Orthogonalize(::torch::Tensor& matrix, double epsilon) {
+  ::torch::Tensor work = (matrix.scalar_type() == ::torch::kFloat ||
+                          matrix.scalar_type() == ::torch::kDouble)
+                             ? matrix
+                             : matrix.to(::torch::kFloat);
+  const int64_t cols = work.size(1);
+  for (int64_t i = 0; i < cols; ++i) {
+    ::torch::Tensor col = work.narrow(1, i, 1);
+    const double norm = col.norm().item<double>();
+    if (norm == 0.0) continue;
+    col.div_(norm + epsilon);
+    if (i + 1 < cols) {
+      ::torch::Tensor rest = work.narrow(1, i + 1, cols - i - 1);
+      rest.sub_((col * rest).sum(0, /*keepdim=*/true) * col);
+    }
+  }
+  if (!work.is_same(matrix)) matrix.copy_(work);
+}
+
+// (n, m, r) of a gradient's matrix view; n = 0 for fewer than 2 dimensions.
+std::tuple<int64_t, int64_t, int64_t> MatrixRank(const ::torch::Tensor& t, int rank) {
+  if (t.dim() < 2) return {0, 0, 0};
+  const int64_t n = t.size(0), m = t.numel() / std::max<int64_t>(n, 1);
+  return {n, m, std::min<int64_t>({n, m, rank})};
+}
+
+}  // namespace
 
 DistributedOptimizer::DistributedOptimizer(
     std::shared_ptr<::torch::optim::Optimizer> optimizer,
@@ -342,6 +393,18 @@ DistributedOptimizer::DistributedOptimizer(
   }
   if (options_.gradient_predivide_factor != 1.0 && options_.op != ReduceOp::kAverage) {
     Throw(Status::InvalidArgument("gradient_predivide_factor not supported with op != Average"));
+  }
+  if (options_.compression == Compression::kPowerSGD) {
+    const PowerSGDOptions& o = options_.powersgd;
+    if (options_.op != ReduceOp::kAverage) {
+      Throw(Status::InvalidArgument("PowerSGD averages gradients: op must be Average"));
+    }
+    if (o.matrix_approximation_rank < 1 || o.start_powersgd_iter < 0 ||
+        o.min_compression_rate < 0 || o.orthogonalization_epsilon < 0) {
+      Throw(Status::InvalidArgument(
+          "PowerSGDOptions: matrix_approximation_rank must be >= 1, start_powersgd_iter, "
+          "min_compression_rate and orthogonalization_epsilon >= 0"));
+    }
   }
   std::unordered_map<const void*, std::string> names;
   std::unordered_set<std::string> seen;
@@ -361,9 +424,11 @@ DistributedOptimizer::DistributedOptimizer(
       p->tensor = params[i];
       auto it = names.find(params[i].unsafeGetTensorImpl());
       if (it != names.end()) {
+        p->key = it->second;
         p->name = "allreduce." + it->second;
       } else if (named_parameters.is_empty()) {
-        p->name = "allreduce.noname." + std::to_string(g) + "." + std::to_string(i);
+        p->key = "noname." + std::to_string(g) + "." + std::to_string(i);
+        p->name = "allreduce." + p->key;
       } else {
         Throw(
             Status::InvalidArgument("named_parameters was specified, but one or more model "
@@ -411,7 +476,77 @@ void DistributedOptimizer::OnGradient(size_t index, const ::torch::Tensor& grad)
   Submit(p, held.defined() ? (held + grad).detach() : grad.detach().clone());
 }
 
+bool DistributedOptimizer::Compresses(const Param& p) const {
+  if (options_.compression != Compression::kPowerSGD) return false;
+  const PowerSGDOptions& o = options_.powersgd;
+  if (powersgd_iter_ < o.start_powersgd_iter) return false;
+  auto [n, m, r] = MatrixRank(p.tensor, o.matrix_approximation_rank);
+  return n > 0 && static_cast<double>(n) * m > static_cast<double>(n + m) * r *
+                                                   o.min_compression_rate;
+}
+
+void DistributedOptimizer::StartLowRank(Param& p, ::torch::Tensor gradient) {
+  const PowerSGDOptions& o = options_.powersgd;
+  ::torch::NoGradGuard no_grad;
+  auto [n, m, r] = MatrixRank(gradient, o.matrix_approximation_rank);
+  p.matrix = gradient.contiguous().view({n, m});
+  if (o.use_error_feedback && p.error.defined() && p.error.sizes() == p.matrix.sizes()) {
+    p.matrix.add_(p.error);
+  }
+  if (!o.warm_start || !p.q.defined() || p.q.size(0) != m || p.q.size(1) != r) {
+    auto gen = at::detail::createCPUGenerator(
+        PowerSGDQSeed(o.random_seed, p.key, powersgd_iter_));
+    p.q = at::randn({m, r}, gen, ::torch::TensorOptions().dtype(::torch::kFloat))
+              .to(gradient.scalar_type());
+  }
+  Orthogonalize(p.q, o.orthogonalization_epsilon);
+  p.p = ::torch::mm(p.matrix, p.q);
+  ReduceOptions sum;
+  sum.op = ReduceOp::kSum;
+  sum.process_set_id = options_.process_set_id;
+  p.handle = AllreduceAsync_(p.p, "powersgd.P." + p.key, sum);
+  p.low_rank_stage = 1;
+}
+
+void DistributedOptimizer::AdvanceLowRank(Param& p) {
+  if (p.low_rank_stage != 1) return;
+  ::torch::NoGradGuard no_grad;
+  p.p = p.handle.Synchronize();
+  Orthogonalize(p.p, options_.powersgd.orthogonalization_epsilon);
+  p.q = ::torch::mm(p.matrix.t(), p.p);
+  ReduceOptions average;
+  average.op = ReduceOp::kAverage;
+  average.process_set_id = options_.process_set_id;
+  p.handle = AllreduceAsync_(p.q, "powersgd.Q." + p.key, average);
+  p.low_rank_stage = 2;
+}
+
+::torch::Tensor DistributedOptimizer::FinishLowRank(Param& p) {
+  AdvanceLowRank(p);
+  ::torch::NoGradGuard no_grad;
+  p.q = p.handle.Synchronize();
+  ::torch::Tensor approx = ::torch::mm(p.p, p.q.t());
+  if (options_.powersgd.use_error_feedback) p.error = p.matrix - approx;
+  if (!options_.powersgd.warm_start) p.q = ::torch::Tensor();
+  p.low_rank_stage = 0;
+  p.matrix = ::torch::Tensor();
+  return approx.view(p.tensor.sizes());
+}
+
 void DistributedOptimizer::Submit(Param& p, ::torch::Tensor gradient) {
+  if (Compresses(p)) {
+    StartLowRank(p, std::move(gradient));
+    return;
+  }
+  p.cast = false;
+  if ((options_.compression == Compression::kFP16 ||
+       options_.compression == Compression::kBF16) &&
+      gradient.is_floating_point()) {
+    p.sent_as = gradient.scalar_type();
+    p.cast = true;
+    gradient = gradient.to(options_.compression == Compression::kFP16 ? ::torch::kHalf
+                                                                       : ::torch::kBFloat16);
+  }
   ReduceOptions o;
   o.op = options_.op;
   o.process_set_id = options_.process_set_id;
@@ -434,9 +569,23 @@ void DistributedOptimizer::Synchronize(CallSite where) {
       const ::torch::Tensor& held = p->tensor.grad();
       Submit(*p, held.defined() ? held.detach().clone() : ::torch::zeros_like(p->tensor));
     }
+    // Every compressed gradient's Q allreduce starts before any is waited for (fused).
+    for (auto& p : params_) {
+      if (p->low_rank_stage == 1) AdvanceLowRank(*p);
+    }
+    int64_t before = 0, after = 0;
     for (auto& p : params_) {
       if (!p->handle.valid()) continue;
-      ::torch::Tensor reduced = p->handle.Synchronize();
+      const bool low_rank = p->low_rank_stage != 0;
+      ::torch::Tensor reduced = low_rank ? FinishLowRank(*p) : p->handle.Synchronize();
+      if (p->cast) reduced = reduced.to(p->sent_as);
+      before += p->tensor.numel();
+      if (low_rank) {
+        auto [n, m, r] = MatrixRank(p->tensor, options_.powersgd.matrix_approximation_rank);
+        after += (n + m) * r;
+      } else {
+        after += p->tensor.numel();
+      }
       ::torch::NoGradGuard no_grad;
       if (p->tensor.grad().defined()) {
         p->tensor.mutable_grad().copy_(reduced);
@@ -444,6 +593,12 @@ void DistributedOptimizer::Synchronize(CallSite where) {
         p->tensor.mutable_grad() = reduced;
       }
       p->passes = 0;
+    }
+    if (options_.compression == Compression::kPowerSGD) {
+      if (powersgd_iter_ >= options_.powersgd.start_powersgd_iter && after > 0) {
+        compression_rate_ = static_cast<double>(before) / static_cast<double>(after);
+      }
+      ++powersgd_iter_;
     }
   }
   synchronized_ = true;

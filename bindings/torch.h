@@ -129,11 +129,39 @@ void BroadcastParameters(const ::torch::nn::Module& module, int root_rank);
 // e.g. the learning rate) to every rank.
 void BroadcastOptimizerState(::torch::optim::Optimizer& optimizer, int root_rank);
 
+// How DistributedOptimizer's gradients travel (horovod_cpp.torch's hvd.Compression): as they
+// are, as float16 or bfloat16 (floating-point gradients; back in their dtype after), or
+// PowerSGD low-rank approximations (PowerSGDOptions).
+enum class Compression { kNone, kFP16, kBF16, kPowerSGD };
+
+// PowerSGD (Vogels et al., NeurIPS 2019) with PyTorch's semantics, as
+// hvd.Compression.powersgd(...) in Python: a gradient whose matrix view (n x m: the first
+// dimension by the rest) saves more than min_compression_rate travels as P = M Q (summed,
+// orthonormalized) and Q = M^T P (averaged), and becomes P Q^T on every rank; other gradients
+// are averaged exactly, and all of them for the first start_powersgd_iter steps. Error
+// feedback adds what an approximation left out to the next gradient; warm start keeps each Q.
+// Random Qs come from PowerSGDQSeed (the same on every rank, and as Python draws them).
+struct PowerSGDOptions {
+  int matrix_approximation_rank = 1;
+  int64_t start_powersgd_iter = 1000;
+  double min_compression_rate = 2.0;
+  bool use_error_feedback = true;
+  bool warm_start = true;
+  double orthogonalization_epsilon = 0.0;
+  int64_t random_seed = 0;
+};
+
+// The seed of a parameter's random Q at a step: FNV-1a (64 bit) of "random_seed/name/step",
+// the top bit cleared (horovod_cpp.torch.powersgd.q_seed).
+uint64_t PowerSGDQSeed(int64_t random_seed, const std::string& name, int64_t step);
+
 struct DistributedOptimizerOptions {
-  ReduceOp op = ReduceOp::kAverage;  // Average or Sum
+  ReduceOp op = ReduceOp::kAverage;  // Average or Sum (PowerSGD: Average only)
   int backward_passes_per_step = 1;  // accumulate locally over this many backward passes
   double gradient_predivide_factor = 1.0;
   int32_t process_set_id = kGlobalProcessSetId;
+  Compression compression = Compression::kNone;
+  PowerSGDOptions powersgd;  // with Compression::kPowerSGD
 };
 
 // Wraps any torch::optim::Optimizer: every parameter gets a gradient hook that starts the
@@ -178,16 +206,27 @@ class DistributedOptimizer {
 
   ::torch::optim::Optimizer& optimizer() { return *optimizer_; }
 
+  // PowerSGD: the steps reduced so far, and the numbers a step would send uncompressed / what
+  // the last compressed step sent (1 before compression starts).
+  int64_t powersgd_iter() const { return powersgd_iter_; }
+  double compression_rate() const { return compression_rate_; }
+
  private:
   struct Param;
   void OnGradient(size_t index, const ::torch::Tensor& grad);
   void Submit(Param& p, ::torch::Tensor gradient);
+  bool Compresses(const Param& p) const;   // PowerSGD at this step
+  void StartLowRank(Param& p, ::torch::Tensor gradient);
+  void AdvanceLowRank(Param& p);           // P reduced: orthonormalize, start Q
+  ::torch::Tensor FinishLowRank(Param& p); // Q reduced: P Q^T, the error kept
 
   std::shared_ptr<::torch::optim::Optimizer> optimizer_;
   DistributedOptimizerOptions options_;
   std::vector<std::unique_ptr<Param>> params_;
   bool synchronized_ = false;
   bool should_synchronize_ = true;
+  int64_t powersgd_iter_ = 0;
+  double compression_rate_ = 1.0;
 };
 
 struct ShardedOptimizerOptions {

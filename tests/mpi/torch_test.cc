@@ -7,9 +7,11 @@
 #include "bindings/torch.h"
 
 #include <gtest/gtest.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <functional>
+#include <map>
 #include <sstream>
 #include <type_traits>
 #include <string>
@@ -192,6 +194,130 @@ TEST(TorchDistributedOptimizer, AdamMatchesOneProcess) {
                                                         ::torch::optim::AdamOptions(0.01));
         },
         passes);
+  }
+}
+
+// ---- Compression -------------------------------------------------------------------------------
+
+// PowerSGD against a one-process reference of the algorithm written here (every rank's
+// gradient on its shard, QR for the orthonormalization), to 1e-5, with and without warm start.
+TEST(TorchDistributedOptimizer, PowerSGDMatchesAOneProcessReference) {
+  for (bool warm : {true, false}) {
+    auto data = Batches(5, 1);
+    const int64_t start = 1;
+    const double lr = 0.1;
+    Mlp ref = MakeModel();
+    std::map<std::string, Tensor> qs;
+    std::map<std::string, std::vector<Tensor>> errors;
+    std::vector<std::vector<Tensor>> want;
+    for (size_t s = 0; s < data.size(); ++s) {
+      std::vector<std::map<std::string, Tensor>> grads(N());
+      for (int r = 0; r < N(); ++r) {
+        for (auto& p : ref->parameters()) {
+          if (p.grad().defined()) p.mutable_grad().zero_();
+        }
+        auto& [x, y] = data[s][0];
+        Loss(ref, x.slice(0, r * 4, r * 4 + 4), y.slice(0, r * 4, r * 4 + 4)).backward();
+        for (auto& item : ref->named_parameters()) {
+          grads[r][item.key()] = item.value().grad().clone();
+        }
+      }
+      ::torch::NoGradGuard no_grad;
+      for (auto& item : ref->named_parameters()) {
+        const std::string& name = item.key();
+        const Tensor& g0 = grads[0][name];
+        Tensor reduced = ::torch::zeros_like(g0);
+        const int64_t n = g0.dim() >= 2 ? g0.size(0) : 0, m = n ? g0.numel() / n : 0;
+        if (static_cast<int64_t>(s) < start || n == 0 || !(n * m > (n + m) * 1 * 2)) {
+          for (int r = 0; r < N(); ++r) reduced += grads[r][name];
+          reduced /= N();
+        } else {
+          std::vector<Tensor> mats;
+          for (int r = 0; r < N(); ++r) {
+            Tensor mat = grads[r][name].reshape({n, m});
+            if (errors.count(name)) mat = mat + errors[name][r];
+            mats.push_back(mat);
+          }
+          Tensor q;
+          if (warm && qs.count(name)) {
+            q = qs[name];
+          } else {
+            auto gen = at::detail::createCPUGenerator(ht::PowerSGDQSeed(0, name, s));
+            q = at::randn({m, 1}, gen, ::torch::TensorOptions().dtype(::torch::kFloat))
+                    .to(::torch::kDouble);
+          }
+          q = std::get<0>(at::linalg_qr(q));
+          Tensor psum = ::torch::zeros({n, 1}, ::torch::kDouble);
+          for (auto& mat : mats) psum += ::torch::mm(mat, q);
+          Tensor p = std::get<0>(at::linalg_qr(psum));
+          Tensor qsum = ::torch::zeros({m, 1}, ::torch::kDouble);
+          for (auto& mat : mats) qsum += ::torch::mm(mat.t(), p);
+          q = qsum / N();
+          Tensor approx = ::torch::mm(p, q.t());
+          errors[name].clear();
+          for (auto& mat : mats) errors[name].push_back(mat - approx);
+          qs[name] = q;
+          reduced = approx.reshape(g0.sizes());
+        }
+        item.value().sub_(lr * reduced);
+      }
+      want.push_back(Flat(ref));
+    }
+    Mlp model = MakeModel();
+    ht::DistributedOptimizerOptions options;
+    options.compression = ht::Compression::kPowerSGD;
+    options.powersgd.start_powersgd_iter = start;
+    options.powersgd.warm_start = warm;
+    ht::DistributedOptimizer opt(
+        std::make_shared<::torch::optim::SGD>(model->parameters(), ::torch::optim::SGDOptions(lr)),
+        model->named_parameters(), options);
+    for (size_t s = 0; s < data.size(); ++s) {
+      opt.ZeroGrad();
+      auto& [x, y] = data[s][0];
+      Loss(model, x.slice(0, R() * 4, R() * 4 + 4), y.slice(0, R() * 4, R() * 4 + 4)).backward();
+      opt.Step();
+      std::vector<Tensor> got = Flat(model);
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_TRUE(got[i].allclose(want[s][i], 1e-5, 1e-5))
+            << "warm " << warm << " step " << s << " param " << i;
+      }
+    }
+    EXPECT_EQ(opt.powersgd_iter(), 5);
+    // a.weight 7x5 and b.weight 3x7 as (7+5) and (3+7) numbers, the biases (7, 3) whole.
+    EXPECT_NEAR(opt.compression_rate(), (35.0 + 21 + 7 + 3) / (12 + 10 + 7 + 3), 1e-12);
+  }
+}
+
+TEST(TorchDistributedOptimizer, HalfPrecisionCompressionStaysCloseToFp32) {
+  for (auto kind : {ht::Compression::kFP16, ht::Compression::kBF16}) {
+    Mlp exact = MakeModel(), half = MakeModel();
+    ht::DistributedOptimizerOptions options;
+    options.compression = kind;
+    ht::DistributedOptimizer a(
+        std::make_shared<::torch::optim::SGD>(exact->parameters(), ::torch::optim::SGDOptions(0.1)),
+        exact->named_parameters());
+    ht::DistributedOptimizer b(
+        std::make_shared<::torch::optim::SGD>(half->parameters(), ::torch::optim::SGDOptions(0.1)),
+        half->named_parameters(), options);
+    for (auto& step : Batches(3, 1)) {
+      auto& [x, y] = step[0];
+      // One after the other: both name their reductions after the same parameters.
+      a.ZeroGrad();
+      Loss(exact, x.slice(0, R() * 4, R() * 4 + 4), y.slice(0, R() * 4, R() * 4 + 4)).backward();
+      a.Step();
+      b.ZeroGrad();
+      Loss(half, x.slice(0, R() * 4, R() * 4 + 4), y.slice(0, R() * 4, R() * 4 + 4)).backward();
+      b.Step();
+    }
+    bool differs = false;
+    for (size_t i = 0; i < exact->parameters().size(); ++i) {
+      const Tensor e = exact->parameters()[i];
+      const Tensor h = half->parameters()[i];
+      EXPECT_EQ(h.scalar_type(), ::torch::kDouble);
+      EXPECT_TRUE(h.allclose(e, 1e-2, 1e-3)) << "param " << i;
+      differs = differs || !h.equal(e);
+    }
+    EXPECT_TRUE(differs) << "the gradients did not travel in half precision";
   }
 }
 
