@@ -171,6 +171,7 @@ if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT;
     # host for the scaling figure: each has a core of its own, so what it loses is network.
     HOSTRUN=(scripts/testbed.sh exec hvd-h1 mpirun --allow-run-as-root --bind-to none
              --map-by slot --mca mpi_yield_when_idle 1)
+    compression_runs=$(mktemp)
     for rate in 1gbit 10gbit; do
       scripts/testbed.sh up 2 --rate "$rate" > /dev/null
       echo "# across 2 test hosts x 2 ranks, each host's link limited to $rate"
@@ -204,8 +205,23 @@ eff = float(two["samples_per_s"]) / (2 * float(one["samples_per_s"]))
 print("FIGURE X1 name=scaling_1_to_2_hosts_%s p50_ms=%s baseline=1_host base_p50_ms=%s "
       "ratio=%.3f target=none met=n/a" % (sys.argv[3], two["step_p50_ms"], one["step_p50_ms"], eff))
 PY
+      echo "# gradient compression (PyPI's torch), $rate: a rank on 1 host, 2 hosts x 1, 2 x 2"
+      for model in mlp cnn; do
+        "${HOSTRUN[@]}" -np 1 -H hvd-h1:1 .venv-pypi/bin/python examples/bench/scaling.py \
+          --model "$model" "${XS[@]}" | sed -n "s/^SCALING/1x1 $rate &/p"
+        for comp in none fp16 bf16 powersgd; do
+          "${HOSTRUN[@]}" -np 2 -H hvd-h1:1,hvd-h2:1 .venv-pypi/bin/python \
+            examples/bench/scaling.py --model "$model" --compression "$comp" "${XS[@]}" |
+            sed -n "s/^SCALING/2x1 $rate &/p"
+          "${HOSTRUN[@]}" -np 4 -H hvd-h1:2,hvd-h2:2 .venv-pypi/bin/python \
+            examples/bench/scaling.py --model "$model" --compression "$comp" "${XS[@]}" |
+            sed -n "s/^SCALING/2x2 $rate &/p"
+        done
+      done | tee -a "$compression_runs"
       scripts/testbed.sh down > /dev/null
     done
+    python3 examples/bench/compression_summary.py < "$compression_runs"
+    rm -f "$compression_runs"
   fi
   if [[ -x build/examples/bench/nccl_bench ]]; then  # NCCL builds; skips, saying so, without a GPU
     echo "# CUDA tensors: horovod_cpp's NCCL path vs raw NCCL calls (one rank per GPU)"

@@ -525,8 +525,10 @@ void DistributedOptimizer::AdvanceLowRank(Param& p) {
   AdvanceLowRank(p);
   ::torch::NoGradGuard no_grad;
   p.q = p.handle.Synchronize();
+  if (options_.powersgd.use_error_feedback) {  // M - P Q^T in one pass over M
+    p.error = ::torch::addmm(p.matrix, p.p, p.q.t(), /*beta=*/1, /*alpha=*/-1);
+  }
   ::torch::Tensor approx = ::torch::mm(p.p, p.q.t());
-  if (options_.powersgd.use_error_feedback) p.error = p.matrix - approx;
   if (!options_.powersgd.warm_start) p.q = ::torch::Tensor();
   p.low_rank_stage = 0;
   p.matrix = ::torch::Tensor();

@@ -99,7 +99,7 @@ class _LowRankReduction(object):
             q = torch.randn(m, r, generator=g, dtype=torch.float32).to(grad.dtype)
             q = q.to(grad.device)
         self.q = orthogonalize(q, comp.orthogonalization_epsilon)
-        self.p = torch.matmul(self.m_view, self.q)
+        self.p = torch.mm(self.m_view, self.q)
         self.handle = allreduce_async_(self.p, name="powersgd.P." + name, op=Sum,
                                        process_set=process_set)
         self.stage = 1
@@ -109,7 +109,7 @@ class _LowRankReduction(object):
             return
         self.p = synchronize(self.handle)
         orthogonalize(self.p, self.comp.orthogonalization_epsilon)
-        torch.matmul(self.m_view.t(), self.p, out=self.q)
+        torch.mm(self.m_view.t(), self.p, out=self.q)
         self.handle = allreduce_async_(self.q, name="powersgd.Q." + self.name, op=Average,
                                        process_set=self.process_set)
         self.stage = 2
@@ -117,11 +117,11 @@ class _LowRankReduction(object):
     def finish(self):
         self.advance()
         self.q = synchronize(self.handle)
-        approx = torch.matmul(self.p, self.q.t())
         comp = self.comp
-        if comp.use_error_feedback:
-            comp.errors[self.name] = (self.m_view - approx).view(self.grad.shape)
-        self.m_view.copy_(approx)
+        if comp.use_error_feedback:  # M - P Q^T in one pass over M
+            comp.errors[self.name] = torch.addmm(self.m_view, self.p, self.q.t(),
+                                                 alpha=-1).view(self.grad.shape)
+        torch.mm(self.p, self.q.t(), out=self.m_view)  # the gradient: P Q^T
         if self.work is not self.grad:
             self.grad.copy_(self.work)
         if comp.warm_start:

@@ -164,7 +164,9 @@ def test_powersgd_state_dict_round_trip_continues_the_same_trajectory():
     again, _, _, _ = distributed(2, 2, 0, True, True, model=model_from(saved_model),
                                  compression=comp2, first_step=3)
     for p, q in zip(again.parameters(), after.parameters()):
-        assert torch.equal(p, q)
+        # (not bit-equal: a ring's order of summation follows a tensor's place in the fusion
+        # buffer, which follows timing)
+        assert torch.allclose(p, q, rtol=1e-10, atol=1e-12)
 
 
 def test_only_the_mean_error_matters():
