@@ -85,7 +85,8 @@ TORCH_MODULE(Net);
 int main(int argc, char** argv) {
   int epochs = 10, batch_size = 128, seed = 42, threads = 1;
   double lr = 0.1;
-  std::string data = HVD_DEFAULT_DIGITS, timeline;
+  int powersgd_rank = 2, powersgd_start = 20;
+  std::string data = HVD_DEFAULT_DIGITS, timeline, compression = "none";
   po::options_description opts("train: a digits classifier trained with horovod_cpp");
   opts.add_options()("help", "show this help")("epochs", po::value(&epochs)->default_value(epochs),
                                                "passes over the training set")(
@@ -94,13 +95,22 @@ int main(int argc, char** argv) {
       "seed", po::value(&seed)->default_value(seed), "random seed of the initial weights")(
       "threads", po::value(&threads)->default_value(threads), "torch threads per rank")(
       "data", po::value(&data)->default_value(data), "the digits CSV file")(
-      "timeline", po::value(&timeline), "record a Chrome-tracing timeline into this file");
+      "timeline", po::value(&timeline), "record a Chrome-tracing timeline into this file")(
+      "compression", po::value(&compression)->default_value(compression),
+      "how gradients travel: none, fp16, bf16 or powersgd")(
+      "powersgd-rank", po::value(&powersgd_rank)->default_value(powersgd_rank),
+      "PowerSGD's matrix approximation rank")(
+      "powersgd-start", po::value(&powersgd_start)->default_value(powersgd_start),
+      "steps averaged exactly before PowerSGD starts");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, opts), vm);
     po::notify(vm);
     if (epochs <= 0 || batch_size <= 0 || lr <= 0 || threads <= 0)
       throw po::error("--epochs, --batch-size, --lr and --threads must be positive");
+    if (compression != "none" && compression != "fp16" && compression != "bf16" &&
+        compression != "powersgd")
+      throw po::error("--compression: none, fp16, bf16 or powersgd, got '" + compression + "'");
   } catch (const po::error& e) {
     std::cerr << "train: " << e.what() << "\n\n" << opts;
     return 2;
@@ -130,7 +140,14 @@ int main(int argc, char** argv) {
     hvd::torch::BroadcastParameters(*model, 0);
     auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(),
                                                    torch::optim::SGDOptions(lr).momentum(0.9));
-    hvd::torch::DistributedOptimizer optimizer(sgd, model->named_parameters());
+    hvd::torch::DistributedOptimizerOptions options;
+    options.compression = compression == "fp16"       ? hvd::torch::Compression::kFP16
+                          : compression == "bf16"     ? hvd::torch::Compression::kBF16
+                          : compression == "powersgd" ? hvd::torch::Compression::kPowerSGD
+                                                      : hvd::torch::Compression::kNone;
+    options.powersgd.matrix_approximation_rank = powersgd_rank;
+    options.powersgd.start_powersgd_iter = powersgd_start;
+    hvd::torch::DistributedOptimizer optimizer(sgd, model->named_parameters(), options);
     hvd::torch::BroadcastOptimizerState(*sgd, 0);
 
     const int64_t train_n = d.train_y.size(0);
@@ -176,6 +193,10 @@ int main(int argc, char** argv) {
       }
     }
     if (rank == 0) {
+      if (compression == "powersgd") {
+        std::printf("powersgd: rank %d from step %d, %.1fx fewer numbers sent per step\n",
+                    powersgd_rank, powersgd_start, optimizer.compression_rate());
+      }
       std::printf("final test accuracy: %.4f (%d rank%s, %lld test images)\n", accuracy, size,
                   size == 1 ? "" : "s", static_cast<long long>(d.test_y.size(0)));
       std::printf("training throughput: %.1f samples/s over %d epochs (%d rank%s)\n",
