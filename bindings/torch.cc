@@ -338,7 +338,9 @@ struct DistributedOptimizer::Param {
   bool cast = false;
   // PowerSGD: 0 none in flight, 1 P's allreduce, 2 Q's.
   int low_rank_stage = 0;
-  ::torch::Tensor matrix, p, q, error;  // M (n x m, the gradient + error), P, Q (kept: warm)
+  // M (n x m: the gradient + error); P and Q held transposed (r x n, r x m: the products then
+  // read M row by row, several times faster); Q^T kept for warm start.
+  ::torch::Tensor matrix, pt, qt, error;
 };
 
 uint64_t PowerSGDQSeed(int64_t random_seed, const std::string& name, int64_t step) {
@@ -354,24 +356,25 @@ uint64_t PowerSGDQSeed(int64_t random_seed, const std::string& name, int64_t ste
 
 namespace {
 
-// Orthonormal columns, in place (Gram-Schmidt in float32 at least); a zero column stays zero.
-void Orthogonalize(::torch::Tensor& matrix, double epsilon) {
-  ::torch::Tensor work = (matrix.scalar_type() == ::torch::kFloat ||
-                          matrix.scalar_type() == ::torch::kDouble)
-                             ? matrix
-                             : matrix.to(::torch::kFloat);
-  const int64_t cols = work.size(1);
-  for (int64_t i = 0; i < cols; ++i) {
-    ::torch::Tensor col = work.narrow(1, i, 1);
-    const double norm = col.norm().item<double>();
+// Orthonormal rows (r x n: the columns of P or Q), in place (Gram-Schmidt in float32 at
+// least); a zero row stays zero.
+void OrthogonalizeRows(::torch::Tensor& rows, double epsilon) {
+  ::torch::Tensor work = (rows.scalar_type() == ::torch::kFloat ||
+                          rows.scalar_type() == ::torch::kDouble)
+                             ? rows
+                             : rows.to(::torch::kFloat);
+  const int64_t count = work.size(0);
+  for (int64_t i = 0; i < count; ++i) {
+    ::torch::Tensor row = work[i];
+    const double norm = row.norm().item<double>();
     if (norm == 0.0) continue;
-    col.div_(norm + epsilon);
-    if (i + 1 < cols) {
-      ::torch::Tensor rest = work.narrow(1, i + 1, cols - i - 1);
-      rest.sub_((col * rest).sum(0, /*keepdim=*/true) * col);
+    row.div_(norm + epsilon);
+    if (i + 1 < count) {
+      ::torch::Tensor rest = work.narrow(0, i + 1, count - i - 1);
+      rest.sub_(::torch::outer(::torch::mv(rest, row), row));
     }
   }
-  if (!work.is_same(matrix)) matrix.copy_(work);
+  if (!work.is_same(rows)) rows.copy_(work);
 }
 
 // (n, m, r) of a gradient's matrix view; n = 0 for fewer than 2 dimensions.
@@ -493,43 +496,45 @@ void DistributedOptimizer::StartLowRank(Param& p, ::torch::Tensor gradient) {
   if (o.use_error_feedback && p.error.defined() && p.error.sizes() == p.matrix.sizes()) {
     p.matrix.add_(p.error);
   }
-  if (!o.warm_start || !p.q.defined() || p.q.size(0) != m || p.q.size(1) != r) {
+  if (!o.warm_start || !p.qt.defined() || p.qt.size(1) != m || p.qt.size(0) != r) {
     auto gen = at::detail::createCPUGenerator(
         PowerSGDQSeed(o.random_seed, p.key, powersgd_iter_));
-    p.q = at::randn({m, r}, gen, ::torch::TensorOptions().dtype(::torch::kFloat))
-              .to(gradient.scalar_type());
+    p.qt = at::randn({m, r}, gen, ::torch::TensorOptions().dtype(::torch::kFloat))
+               .to(gradient.scalar_type())
+               .t()
+               .contiguous();
   }
-  Orthogonalize(p.q, o.orthogonalization_epsilon);
-  p.p = ::torch::mm(p.matrix, p.q);
+  OrthogonalizeRows(p.qt, o.orthogonalization_epsilon);
+  p.pt = ::torch::mm(p.qt, p.matrix.t());  // (M Q)^T
   ReduceOptions sum;
   sum.op = ReduceOp::kSum;
   sum.process_set_id = options_.process_set_id;
-  p.handle = AllreduceAsync_(p.p, "powersgd.P." + p.key, sum);
+  p.handle = AllreduceAsync_(p.pt, "powersgd.P." + p.key, sum);
   p.low_rank_stage = 1;
 }
 
 void DistributedOptimizer::AdvanceLowRank(Param& p) {
   if (p.low_rank_stage != 1) return;
   ::torch::NoGradGuard no_grad;
-  p.p = p.handle.Synchronize();
-  Orthogonalize(p.p, options_.powersgd.orthogonalization_epsilon);
-  p.q = ::torch::mm(p.matrix.t(), p.p);
+  p.pt = p.handle.Synchronize();
+  OrthogonalizeRows(p.pt, options_.powersgd.orthogonalization_epsilon);
+  p.qt = ::torch::mm(p.pt, p.matrix);  // (M^T P)^T
   ReduceOptions average;
   average.op = ReduceOp::kAverage;
   average.process_set_id = options_.process_set_id;
-  p.handle = AllreduceAsync_(p.q, "powersgd.Q." + p.key, average);
+  p.handle = AllreduceAsync_(p.qt, "powersgd.Q." + p.key, average);
   p.low_rank_stage = 2;
 }
 
 ::torch::Tensor DistributedOptimizer::FinishLowRank(Param& p) {
   AdvanceLowRank(p);
   ::torch::NoGradGuard no_grad;
-  p.q = p.handle.Synchronize();
+  p.qt = p.handle.Synchronize();
   if (options_.powersgd.use_error_feedback) {  // M - P Q^T in one pass over M
-    p.error = ::torch::addmm(p.matrix, p.p, p.q.t(), /*beta=*/1, /*alpha=*/-1);
+    p.error = ::torch::addmm(p.matrix, p.pt.t(), p.qt, /*beta=*/1, /*alpha=*/-1);
   }
-  ::torch::Tensor approx = ::torch::mm(p.p, p.q.t());
-  if (!options_.powersgd.warm_start) p.q = ::torch::Tensor();
+  ::torch::Tensor approx = ::torch::mm(p.pt.t(), p.qt);
+  if (!options_.powersgd.warm_start) p.qt = ::torch::Tensor();
   p.low_rank_stage = 0;
   p.matrix = ::torch::Tensor();
   return approx.view(p.tensor.sizes());
