@@ -13,6 +13,9 @@ rate and layout (2x1: 2 hosts x 1 rank, 2x2: 2 hosts x 2 ranks) and per compress
   FIGURE C2 ... (2x1 only) the 1 -> 2 hosts scaling efficiency (samples/s on 2 hosts / 2 x
           samples/s of one rank on one host, uncompressed); target for PowerSGD at 1 Gbit/s:
           >= 0.9.
+
+A model is named with its per-rank batch (mlp_batch32): the larger the batch, the more compute
+per byte sent.
 """
 import sys
 
@@ -25,7 +28,8 @@ def main():
             continue
         layout, rate = parts[0], parts[1]
         kv = dict(p.split("=", 1) for p in parts[3:])
-        runs[(kv["model"], rate, layout, kv["compression"])] = kv
+        model = "%s_batch%s" % (kv["model"], kv.get("batch", "?"))
+        runs[(model, rate, layout, kv["compression"])] = kv
     for (model, rate, layout, comp), kv in sorted(runs.items()):
         if layout == "1x1":
             continue

@@ -43,9 +43,16 @@ def main():
     parser.add_argument("--compression", choices=("none", "fp16", "bf16", "powersgd"),
                         default="none")
     parser.add_argument("--powersgd-rank", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=0,
+                        help="samples per rank per step (default: the model's, mlp 32, cnn 64)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per rank (1: a rank per core, so that 1 host and 2 "
+                             "hosts x 1 rank compute alike and what they differ in is network)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     hvd.init()
     make, shape, batch = MODELS[args.model]
+    batch = args.batch or batch
     torch.manual_seed(0)
     model = make()
     comp = (hvd.Compression.powersgd(matrix_approximation_rank=args.powersgd_rank,
@@ -75,9 +82,9 @@ def main():
     sent = hvd.allreduce(torch.tensor([float(sent)]), op=hvd.Sum, name="wire").item()
     wire = "%.0f" % (sent / args.steps) if tx_after is not None else "n/a"
     if hvd.rank() == 0:
-        print("SCALING np=%d model=%s compression=%s samples_per_s=%.1f step_p50_ms=%.2f "
-              "wire_bytes_per_step=%s"
-              % (hvd.size(), args.model, args.compression,
+        print("SCALING np=%d model=%s batch=%d compression=%s samples_per_s=%.1f "
+              "step_p50_ms=%.2f wire_bytes_per_step=%s"
+              % (hvd.size(), args.model, batch, args.compression,
                  hvd.size() * batch * args.steps / total, 1000 * percentile(times, 0.5), wire),
               flush=True)
     hvd.shutdown()

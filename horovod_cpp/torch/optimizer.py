@@ -299,7 +299,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if isinstance(handle, _LowRankReduction):
                 output = handle.finish()
                 self._allreduce_delay[p] = self.backward_passes_per_step
-                if output is not p.grad:  # sparse_as_dense: a dense copy was reduced
+                if output is not p.grad:  # a new tensor (or a dense copy of a sparse one)
                     p.grad = output.to_sparse() if p.grad.is_sparse else output
                 continue
             if isinstance(p, tuple):  # a group

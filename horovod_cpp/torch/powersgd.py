@@ -125,17 +125,22 @@ class _LowRankReduction(object):
         self.advance()
         self.qt = synchronize(self.handle)
         comp = self.comp
-        p = self.pt.t()
-        if comp.use_error_feedback:  # M - P Q^T in one pass over M
-            comp.errors[self.name] = torch.addmm(self.m_view, p, self.qt,
-                                                 alpha=-1).view(self.grad.shape)
-        torch.mm(p, self.qt, out=self.m_view)  # the gradient: P Q^T
-        if self.work is not self.grad:
-            self.grad.copy_(self.work)
+        approx = torch.mm(self.pt.t(), self.qt)  # the gradient: P Q^T
+        if comp.use_error_feedback:
+            # The error is M - P Q^T: computed in M's own memory, which the error then keeps;
+            # the gradient becomes the new tensor (no copy back).
+            comp.errors[self.name] = self.m_view.sub_(approx).view(self.grad.shape)
+            result = approx.view(self.grad.shape)
+        else:
+            self.m_view.copy_(approx)
+            result = self.work
+        if self.work is not self.grad:  # channels-last: back into the gradient's layout
+            self.grad.copy_(result)
+            result = self.grad
         if comp.warm_start:
             comp.qs[self.name] = self.qt.t()
         self.stage = 3
-        return self.grad
+        return result
 
     def wait_quietly(self):
         """Waits out whatever is in flight, ignoring its failure (a failed step: nothing may
