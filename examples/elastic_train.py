@@ -20,7 +20,7 @@ compares the whole optimizer state (gathered from the slices) with the last comm
 every rank's slices of the parameters and of the optimizer state with a replica, and a reset
 re-splits both over the ranks there are.
 
-With --powersgd R the gradients travel PowerSGD-compressed (rank R, from step 10): a commit keeps
+With --powersgd R the gradients travel PowerSGD-compressed (rank R, from step 30): a commit keeps
 its state (Qs, step count, each rank's error feedback as the mean over the ranks), and the check
 after a reset also says whether every rank holds the same PowerSGD state.
 """
@@ -102,7 +102,7 @@ def main():
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
         compression = (hvd.Compression.powersgd(matrix_approximation_rank=args.powersgd,
-                                                start_powerSGD_iter=10)
+                                                start_powerSGD_iter=30)
                        if args.powersgd else hvd.Compression.none)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              compression=compression)

