@@ -37,6 +37,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
+failure_context() {  # what the tail may miss: a test past its deadline (with the first stack
+  # dump that names it: tests/pytest_deadline.py) and every FAILED line
+  grep -a -m1 -A60 "did not finish within" "$1" >&2 || true
+  grep -a "FAILED " "$1" | head -20 >&2 || true
+}
+
 run() {  # run NAME TIMEOUT CMD...: one job on hvd-h1, bounded in time. With EXPECT set, its
          # output must also hold that line (fixed string) exactly once.
   local name=$1 limit=$2
@@ -49,6 +55,7 @@ run() {  # run NAME TIMEOUT CMD...: one job on hvd-h1, bounded in time. With EXP
     local rc=$?
     echo "multihost: FAIL $name (exit $rc after $((SECONDS - start)) s); last lines:" >&2
     tail -40 "/tmp/hvd-multihost.$$.log" >&2
+    failure_context "/tmp/hvd-multihost.$$.log"
     failures=$((failures + 1))
   fi
   rm -f "/tmp/hvd-multihost.$$.log"
@@ -62,6 +69,7 @@ run_here() {  # like run, but on this machine (the suite starts its jobs on hvd-
   else
     echo "multihost: FAIL $name (exit $? after $((SECONDS - start)) s); last lines:" >&2
     tail -60 "/tmp/hvd-multihost.$$.log" >&2
+    failure_context "/tmp/hvd-multihost.$$.log"
     failures=$((failures + 1))
   fi
   rm -f "/tmp/hvd-multihost.$$.log"
