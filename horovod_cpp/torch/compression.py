@@ -28,41 +28,35 @@ class NoneCompressor(Compressor):
         return tensor
 
 
-class FP16Compressor(Compressor):
-    """Floating-point tensors travel as float16 and come back in their own dtype."""
+class _CastCompressor(Compressor):
+    """Floating-point tensors travel as ``wire_dtype`` and come back in their own dtype; other
+    tensors travel as they are."""
+    wire_dtype = None
 
-    @staticmethod
-    def compress(tensor):
+    @classmethod
+    def compress(cls, tensor):
         tensor_compressed = tensor
         if tensor.dtype.is_floating_point:
-            tensor_compressed = tensor.type(torch.float16)
+            tensor_compressed = tensor.type(cls.wire_dtype)
         return tensor_compressed, tensor.dtype
 
-    @staticmethod
-    def decompress(tensor, ctx):
+    @classmethod
+    def decompress(cls, tensor, ctx):
         tensor_decompressed = tensor
         if ctx.is_floating_point:
             tensor_decompressed = tensor.type(ctx)
         return tensor_decompressed
 
 
-class BF16Compressor(Compressor):
+class FP16Compressor(_CastCompressor):
+    """Floating-point tensors travel as float16 and come back in their own dtype."""
+    wire_dtype = torch.float16
+
+
+class BF16Compressor(_CastCompressor):
     """Floating-point tensors travel as bfloat16 (float32's range, 8 bits of mantissa: no
     overflow where float16 would need a loss scale) and come back in their own dtype."""
-
-    @staticmethod
-    def compress(tensor):
-        tensor_compressed = tensor
-        if tensor.dtype.is_floating_point:
-            tensor_compressed = tensor.type(torch.bfloat16)
-        return tensor_compressed, tensor.dtype
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        tensor_decompressed = tensor
-        if ctx.is_floating_point:
-            tensor_decompressed = tensor.type(ctx)
-        return tensor_decompressed
+    wire_dtype = torch.bfloat16
 
 
 def _powersgd(**kwargs):

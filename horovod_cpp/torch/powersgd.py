@@ -104,7 +104,7 @@ class _LowRankReduction(object):
             g.manual_seed(q_seed(comp.random_seed, name, comp.iter))
             q = torch.randn(m, r, generator=g, dtype=torch.float32).to(grad.dtype)
             q = q.to(grad.device)
-        self.qt = q.t().contiguous() if not q.t().is_contiguous() else q.t()
+        self.qt = q.t().contiguous()  # (the stored Q^T itself when warm: already contiguous)
         orthogonalize(self.qt.t(), comp.orthogonalization_epsilon)
         self.pt = torch.mm(self.qt, self.m_view.t())  # (M Q)^T
         self.handle = allreduce_async_(self.pt, name="powersgd.P." + name, op=Sum,
@@ -141,14 +141,6 @@ class _LowRankReduction(object):
             comp.qs[self.name] = self.qt.t()
         self.stage = 3
         return result
-
-    def wait_quietly(self):
-        """Waits out whatever is in flight, ignoring its failure (a failed step: nothing may
-        stay in flight under a name the next step reuses)."""
-        try:
-            synchronize(self.handle)
-        except Exception:  # noqa: BLE001 (the failure was reported by whoever waited first)
-            pass
 
 
 class PowerSGD(object):
