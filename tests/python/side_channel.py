@@ -1,6 +1,7 @@
 """A barrier beside horovod_cpp for tests that shut it down: MPI's under mpirun, the launcher's
 rendezvous store under hvdrun --gloo (HOROVOD_CONTROLLER=gloo)."""
 import os
+import time
 
 GLOO = os.environ.get("HOROVOD_CONTROLLER", "").lower() == "gloo"
 _state = {"client": None, "count": 0}
@@ -16,7 +17,18 @@ def rank():
 
 def barrier(timeout=60.0):
     if not GLOO:
-        MPI.COMM_WORLD.Barrier()
+        # Not MPI_Barrier: Open MPI's blocking calls spin (sched_yield with mpi_yield_when_idle),
+        # and on an oversubscribed host (4 ranks and test.sh's background builds on 2 cores)
+        # two spinning ranks kept the ranks they wait for, sleepers woken by the network, off the
+        # CPU for seconds to minutes (measured: a sleeping process starved 90 s, the 2 x 2 suite
+        # past its 90 s deadline ~1 run in 10). A request polled with sleeps leaves them the CPU.
+        request = MPI.COMM_WORLD.Ibarrier()
+        end = time.monotonic() + timeout
+        while not request.Test():
+            if time.monotonic() > end:
+                raise TimeoutError("side-channel barrier: not every rank arrived within %g s"
+                                   % timeout)
+            time.sleep(0.001)
         return
     from horovod_cpp.runner.rendezvous import RendezvousClient
     if _state["client"] is None:
