@@ -23,5 +23,12 @@ void ScaleBuffer(void* buffer, int64_t count, DataType dtype, double factor);
 // would turn 6 * (1/3) into 1.999... and truncate it to 1.
 void DivideBuffer(void* buffer, int64_t count, DataType dtype, int64_t divisor);
 
+// float16 (as uint16_t) to and from float32 for n elements, as HalfToFloat and FloatToHalf
+// (ops/half.h) give them, bit for bit except NaN payloads; with the CPU's F16C instructions
+// where it has them (HalfConversionsVectorized()).
+void HalvesToFloats(const uint16_t* src, float* dst, int64_t n);
+void FloatsToHalves(const float* src, uint16_t* dst, int64_t n);
+bool HalfConversionsVectorized();
+
 }  // namespace ops
 }  // namespace hvd

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
 #include <random>
 
 #include "ops/half.h"
@@ -68,6 +71,48 @@ TEST(ReduceKernels, Float16ReductionMatchesFloat64Reference) {
 
 TEST(ReduceKernels, BFloat16ReductionMatchesFloat64Reference) {
   Check16BitReduction<BFloat16ToFloat, FloatToBFloat16>(DataType::kBFloat16, std::ldexp(1.0, -8));
+}
+
+// The vectorized conversions (F16C where the CPU has it) against the scalar ones: every half,
+// and floats around every rounding boundary, subnormals, overflow and odd lengths (the tail).
+TEST(ReduceKernels, VectorizedHalfConversionsMatchTheScalarOnesBitForBit) {
+  std::vector<uint16_t> halves(65536 + 5);
+  for (size_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<uint16_t>(i);
+  std::vector<float> floats(halves.size());
+  HalvesToFloats(halves.data(), floats.data(), static_cast<int64_t>(halves.size()));
+  for (size_t i = 0; i < halves.size(); ++i) {
+    const float want = HalfToFloat(halves[i]);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(floats[i])) << i;
+    } else {
+      ASSERT_EQ(std::memcmp(&floats[i], &want, sizeof want), 0) << i;
+    }
+  }
+  std::mt19937 rng(7);
+  std::vector<float> in;
+  for (uint32_t h = 0; h < 0x7C00u; ++h) {  // each positive finite half and its neighbours
+    const float f = HalfToFloat(static_cast<uint16_t>(h));
+    for (float v : {f, std::nextafter(f, 0.0f), std::nextafter(f, 1e9f),
+                    (f + HalfToFloat(static_cast<uint16_t>(h + 1))) / 2.0f}) {  // ties
+      in.push_back(v);
+      in.push_back(-v);
+    }
+  }
+  for (int i = 0; i < 100000; ++i) {
+    uint32_t bits = static_cast<uint32_t>(rng());
+    float v;
+    std::memcpy(&v, &bits, sizeof v);
+    if (!std::isnan(v)) in.push_back(v);
+  }
+  in.push_back(65520.0f);  // rounds to infinity
+  in.push_back(std::numeric_limits<float>::infinity());
+  in.push_back(1e-8f);  // below half the smallest subnormal
+  std::vector<uint16_t> out(in.size());
+  for (int64_t len : {static_cast<int64_t>(in.size()), int64_t{7}, int64_t{13}}) {
+    FloatsToHalves(in.data(), out.data(), len);
+    for (int64_t i = 0; i < len; ++i) ASSERT_EQ(out[i], FloatToHalf(in[i])) << in[i];
+  }
+  std::printf("vectorized half conversions: %s\n", HalfConversionsVectorized() ? "F16C" : "scalar");
 }
 
 TEST(ReduceKernels, IntegerOps) {
