@@ -18,6 +18,7 @@ import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -36,6 +37,21 @@ def _pybind11():
         return pybind11.get_cmake_dir(), pybind11.__version__
     except (ImportError, AttributeError, RuntimeError):
         return None, None
+
+
+class BuildPy(build_py):
+    """Also drops the modules the source tree no longer has (moved or deleted) from the build
+    directory, which setuptools keeps between builds and would otherwise ship again."""
+
+    def run(self):
+        package = os.path.join(self.build_lib, "horovod_cpp")
+        for folder, _, names in os.walk(package):
+            for name in names:
+                built = os.path.join(folder, name)
+                if name.endswith(".py") and not os.path.exists(
+                        os.path.join(ROOT, os.path.relpath(built, self.build_lib))):
+                    os.remove(built)
+        super().run()
 
 
 class CMakeBuild(build_ext):
@@ -70,6 +86,6 @@ class CMakeBuild(build_ext):
 
 setup(
     ext_modules=[CMakeExtension("horovod_cpp._core")],
-    cmdclass={"build_ext": CMakeBuild},
+    cmdclass={"build_ext": CMakeBuild, "build_py": BuildPy},
     options={"build": {"build_base": os.path.join("build-python", "setuptools")}},
 )

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 # Every live process below a pid (from /proc): the launchers' own helper.
-from horovod_cpp.runner.proc import descendants  # noqa: F401  (tests/launch/conftest.py too)
+from horovod_cpp.job.proc import descendants  # noqa: F401  (tests/launch/conftest.py too)
 
 TEST_TIMEOUT = float(os.environ.get("HVD_TEST_TIMEOUT", "90"))
 

@@ -12,7 +12,8 @@ import os
 import socket
 import sys
 
-from horovod_cpp.runner import launch, mpirun
+from horovod_cpp.job import mpirun
+from horovod_cpp.runner import launch
 
 # horovod.run's parameters that horovod_cpp does not have yet (elastic: issue 18; Gloo).
 _NOT_YET = ("min_np", "max_np", "slots", "reset_limit", "use_gloo", "disable_cache")
@@ -29,10 +30,11 @@ def run(func, args=(), kwargs=None, np=1, hosts=None, hostfile=None, start_timeo
     ssh_identity_file, network_interface ("eth0[,eth1]"), output_filename (a directory),
     mpi_args (a string) and verbose are hvdrun's options of the same names; executable is the
     ranks' Python (default this one). A rank's exception is raised here as
-    ``horovod_cpp.spark.RankError`` with that rank's traceback; a job that fails otherwise
-    raises ``horovod_cpp.spark.HorovodRunnerError`` saying how mpirun ended."""
-    from horovod_cpp.spark import network
-    from horovod_cpp.spark.runner import HorovodRunnerError, JobService, pickle_main
+    ``horovod_cpp.job.service.RankError`` (also ``horovod_cpp.spark.RankError``) with that
+    rank's traceback; a job that fails otherwise raises ``HorovodRunnerError`` (same module)
+    saying how mpirun ended."""
+    from horovod_cpp.job import network
+    from horovod_cpp.job.service import HorovodRunnerError, JobService, pickle_main
 
     unknown = sorted(set(others) - set(_NOT_YET))
     if unknown:
@@ -63,7 +65,7 @@ def run(func, args=(), kwargs=None, np=1, hosts=None, hostfile=None, start_timeo
     # The job's address and key reach every rank from mpirun's environment, never argv.
     passed = "-x HVD_SPARK_JOB -x HVD_SPARK_KEY -x HVD_SPARK_ALL_RESULTS"
     argv += ["--mpi-args", passed + (" " + mpi_args if mpi_args else "")]
-    argv += [executable or sys.executable, "-m", "horovod_cpp.spark.rank_main"]
+    argv += [executable or sys.executable, "-m", "horovod_cpp.job.rank_main"]
     options = launch._parser().parse_args(argv)
     command, host_list = launch.make_command(options)
     command[0] = mpirun.find_mpirun()

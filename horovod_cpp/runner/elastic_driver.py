@@ -25,7 +25,7 @@ import threading
 import time
 
 from horovod_cpp.runner import gloo_run
-from horovod_cpp.runner.hosts import HostError, parse_hosts
+from horovod_cpp.job.hosts import HostError, parse_hosts
 from horovod_cpp.runner.rendezvous import RendezvousServer, new_secret
 
 DISCOVERY_INTERVAL = 1.0

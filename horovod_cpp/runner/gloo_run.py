@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from horovod_cpp.runner import mpirun, proc
+from horovod_cpp.job import mpirun, proc
 from horovod_cpp.runner.rendezvous import RendezvousServer, new_secret
 
 LOCAL_NAMES = ("localhost", "127.0.0.1")

@@ -14,8 +14,8 @@ import shlex
 import sys
 
 import horovod_cpp
-from horovod_cpp.runner import mpirun
-from horovod_cpp.runner.hosts import HostError, parse_hostfile, parse_hosts
+from horovod_cpp.job import mpirun
+from horovod_cpp.job.hosts import HostError, parse_hostfile, parse_hosts
 
 EXIT_USAGE = 2
 EXIT_NO_MPIRUN = 127

@@ -19,6 +19,8 @@ import struct
 import threading
 import time
 
+from horovod_cpp.job.network import connect_for_hello, recv_exact  # noqa: F401
+
 _HELLO = b"HVDS"
 _NONCE = 16
 _MAC = 32
@@ -29,36 +31,6 @@ _MAX_HANDSHAKES = 128
 
 def new_secret():
     return secrets.token_hex(32)
-
-
-def recv_exact(sock, n):
-    """Exactly ``n`` bytes from ``sock`` (ConnectionError if it closes first)."""
-    chunks = []
-    while n:
-        chunk = sock.recv(min(n, 1 << 20))
-        if not chunk:
-            raise ConnectionError("connection closed")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def connect_for_hello(host, port, size, timeout, patience):
-    """(socket, the first ``size`` bytes the server sends). A server shedding a flood closes new
-    connections before its hello: tried again, with backoff, for ``patience`` seconds (the
-    flood's connections time out meanwhile). Shared by the rendezvous and Spark clients."""
-    deadline = time.monotonic() + patience
-    delay = 0.01
-    while True:
-        sock = socket.create_connection((host, int(port)), timeout=timeout)
-        try:
-            return sock, recv_exact(sock, size)
-        except (ConnectionError, OSError):
-            sock.close()
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
 
 
 class RendezvousServer(object):

@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 
-from horovod_cpp.runner import proc
+from horovod_cpp.job import proc
 
 
 def main(argv):

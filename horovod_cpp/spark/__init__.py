@@ -8,7 +8,7 @@ from horovod_cpp.spark.runner import (HorovodRunner, HorovodRunnerError, RankErr
 def log_to_driver(message):
     """Sends ``message`` from a rank to the HorovodRunner driver (printed there whatever
     driver_log_verbosity is; truncated to 4000 characters)."""
-    from horovod_cpp.spark import rank_main
+    from horovod_cpp.job import rank_main
     rank_main.log_to_driver(message)
 
 

@@ -8,8 +8,8 @@ import json
 import os
 import sys
 
-from horovod_cpp.runner import proc
-from horovod_cpp.spark import network
+from horovod_cpp.job import proc
+from horovod_cpp.job import network
 
 
 def main(argv):

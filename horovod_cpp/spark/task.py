@@ -24,10 +24,10 @@ import sys
 import tempfile
 import threading
 
-from horovod_cpp.runner import mpirun, proc
-from horovod_cpp.spark import network
+from horovod_cpp.job import mpirun, proc
+from horovod_cpp.job import network
 
-RANK_COMMAND = ("-m", "horovod_cpp.spark.rank_main")
+RANK_COMMAND = ("-m", "horovod_cpp.job.rank_main")
 
 
 def host_hash(salt=""):

@@ -191,7 +191,7 @@ def job_processes(tag, baseline, bed):
             found.append((pid, cmd))
         elif bed and cmd.startswith("sshd: ") and "[listener]" not in cmd:
             found.append((pid, cmd))
-        elif bed and any(m in cmd for m in ("horovod_cpp.spark.rank_main",
+        elif bed and any(m in cmd for m in ("horovod_cpp.job.rank_main",
                                             "horovod_cpp.spark.rsh_agent")):
             found.append((pid, cmd))
     return found

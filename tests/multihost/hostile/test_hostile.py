@@ -25,7 +25,7 @@ import time
 import pytest
 
 from horovod_cpp.runner.rendezvous import RendezvousClient, RendezvousServer, new_secret
-from horovod_cpp.spark import network
+from horovod_cpp.job import network
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))

@@ -21,7 +21,7 @@ TESTBED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "
                        "testbed.sh")
 HOSTS = ("hvd-h1", "hvd-h2", "hvd-h3")
 WORKERS = ("hvd-h2", "hvd-h3")
-_LAUNCHER = ("orted", "mpirun", "orterun", "horovod_cpp.spark.rank_main",
+_LAUNCHER = ("orted", "mpirun", "orterun", "horovod_cpp.job.rank_main",
              "horovod_cpp.spark.rsh_agent")
 
 

@@ -15,8 +15,8 @@ import subprocess
 import threading
 import time
 
-from horovod_cpp.runner import proc
-from horovod_cpp.runner.hosts import hosts_arg
+from horovod_cpp.job import proc
+from horovod_cpp.job.hosts import hosts_arg
 
 
 # ---- HOROVOD_* knobs as command-line flags --------------------------------------------------

@@ -17,12 +17,45 @@ import hashlib
 import hmac
 import os
 import pickle
+import socket
 import socketserver
 import struct
 import threading
+import time
 import weakref
 
-from horovod_cpp.runner.rendezvous import connect_for_hello, recv_exact as _recv_exact
+
+def recv_exact(sock, n):
+    """Exactly ``n`` bytes from ``sock`` (ConnectionError if it closes first)."""
+    chunks = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 20))
+        if not chunk:
+            raise ConnectionError("connection closed")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def connect_for_hello(host, port, size, timeout, patience):
+    """(socket, the first ``size`` bytes the server sends). A server shedding a flood closes new
+    connections before its hello: tried again, with backoff, for ``patience`` seconds (the
+    flood's connections time out meanwhile). Shared by the rendezvous store's clients and this module's."""
+    deadline = time.monotonic() + patience
+    delay = 0.01
+    while True:
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        try:
+            return sock, recv_exact(sock, size)
+        except (ConnectionError, OSError):
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
+_recv_exact = recv_exact
 
 _HELLO = b"HVDN"
 _NONCE = 16

@@ -2,7 +2,7 @@
 function from the driver, call it, and report rank 0's return value (every rank's with
 HVD_SPARK_ALL_RESULTS=1) or this rank's exception with its traceback.
 
-    python -m horovod_cpp.spark.rank_main      (HVD_SPARK_JOB, HVD_SPARK_KEY in the environment)
+    python -m horovod_cpp.job.rank_main      (HVD_SPARK_JOB, HVD_SPARK_KEY in the environment)
 """
 import os
 import sys
@@ -10,8 +10,8 @@ import traceback
 
 import cloudpickle
 
-from horovod_cpp.runner import proc
-from horovod_cpp.spark import network, sources
+from horovod_cpp.job import proc
+from horovod_cpp.job import network, sources
 
 _job = None  # (address, key, rank) while running under HorovodRunner
 
@@ -53,7 +53,7 @@ def main():
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
     _use_task_gpus(rank)
     # Run as __main__, this file is not the module log_to_driver imports: set the context there.
-    import horovod_cpp.spark.rank_main as module
+    import horovod_cpp.job.rank_main as module
     module._job = (address, key, rank)
     try:
         fn, kwargs, recorded = cloudpickle.loads(network.request(address, key,
