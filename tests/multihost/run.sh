@@ -9,6 +9,8 @@
 # Every job runs under its own timeout; the test bed is
 # torn down on every exit, and the last check is that nothing of it is left.
 #   tests/multihost/run.sh          (as root, after the default build and .venv)
+#   HVD_MULTIHOST_ONLY=REGEX tests/multihost/run.sh   (only the jobs whose names match; the
+#                                                     Spark section's are "Spark ...")
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT_DIR=$PWD
@@ -43,10 +45,13 @@ failure_context() {  # what the tail may miss: a test past its deadline (with th
   grep -a "FAILED " "$1" | head -20 >&2 || true
 }
 
+selected() { [[ -z ${HVD_MULTIHOST_ONLY:-} || $1 =~ $HVD_MULTIHOST_ONLY ]]; }
+
 run() {  # run NAME TIMEOUT CMD...: one job on hvd-h1, bounded in time. With EXPECT set, its
          # output must also hold that line (fixed string) exactly once.
   local name=$1 limit=$2
   shift 2
+  selected "$name" || return 0
   local start=$SECONDS
   if timeout -k 10 "$limit" "$TESTBED" exec hvd-h1 "$@" > "/tmp/hvd-multihost.$$.log" 2>&1 &&
      { [[ -z ${EXPECT:-} ]] || [[ $(grep -cF -- "$EXPECT" "/tmp/hvd-multihost.$$.log") == 1 ]]; }; then
@@ -64,6 +69,7 @@ run() {  # run NAME TIMEOUT CMD...: one job on hvd-h1, bounded in time. With EXP
 run_here() {  # like run, but on this machine (the suite starts its jobs on hvd-h1 itself)
   local name=$1 limit=$2 start=$SECONDS
   shift 2
+  selected "$name" || return 0
   if timeout -k 10 "$limit" "$@" > "/tmp/hvd-multihost.$$.log" 2>&1; then
     echo "multihost: ok   $name ($((SECONDS - start)) s)"
   else
@@ -173,13 +179,15 @@ rm -f "$timeline"
 # horovod_cpp.spark.run there (tests/multihost/spark: GPU placement first, a lost worker host
 # last); the suite's timings and what a lost host looks like are printed after it.
 spark_report=/tmp/hvd-spark-report.$$
-if master=$("$TESTBED" spark up --cores 2 --gpus 2 | tail -1); then
+if ! selected "Spark cluster suite" && ! selected "Spark chaos CI subset"; then
+  :
+elif master=$("$TESTBED" spark up --cores 2 --gpus 2 | tail -1); then
   run "Spark cluster suite (2 workers x 2 cores)" 900 env HVD_SPARK_MASTER="$master" \
     HVD_SPARK_REPORT="$spark_report" sh -c "cd '$ROOT_DIR/tests/multihost/spark' && \
     '$PY' -m pytest test_gpus.py test_cluster.py"
   [[ -f $spark_report ]] && sed 's/^/multihost: /' "$spark_report"
   # The chaos subset's Spark kinds: a rank killed, a worker host's executor killed.
-  run_here "chaos CI subset on Spark (tests/chaos)" 300 env HVD_SPARK_MASTER="$master" "$PY" \
+  run_here "Spark chaos CI subset (tests/chaos)" 300 env HVD_SPARK_MASTER="$master" "$PY" \
     "$ROOT_DIR/tests/chaos/chaos.py" --ci --backend spark --results "$chaos_results"
 else
   echo "multihost: FAIL the Spark cluster did not start" >&2
@@ -193,6 +201,7 @@ rm -f "$spark_report"
 COLLECTIVE_TIMEOUT=10
 fault_job() {  # NAME FAULT EXPECT BOUND (FAULT: a command run once every rank has done 100 steps)
   local name=$1 fault=$2 expect=$3 bound=$4 log=/tmp/hvd-multihost-fault.$$.log rc=0 i
+  selected "$name" || return 0
   timeout -k 5 240 "$TESTBED" exec hvd-h1 env HOROVOD_COLLECTIVE_TIMEOUT_SECONDS=$COLLECTIVE_TIMEOUT \
     "${HVDRUN[@]}" -np 4 -H hvd-h1:2,hvd-h2:2 "$PY" "$ROOT_DIR/tests/launch/fault_worker.py" \
     kill 99 > "$log" 2>&1 &
@@ -233,6 +242,7 @@ fault_job "every process on hvd-h2 killed mid-allreduce" "$TESTBED kill hvd-h2" 
 # Hosts that cannot be reached: hvdrun names them within --start-timeout and starts nothing.
 expect_unreachable() {  # NAME HOST WHY: hvdrun -H hvd-h1:1,HOST:1 must fail naming HOST
   local name=$1 host=$2 why=$3 start=$SECONDS out rc=0
+  selected "$name" || return 0
   out=$(timeout -k 5 60 "$TESTBED" exec hvd-h1 "${HVDRUN[@]}" -np 2 -H "hvd-h1:1,$host:1" \
         --start-timeout 5 true 2>&1) || rc=$?
   local took=$((SECONDS - start))
