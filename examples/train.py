@@ -40,7 +40,7 @@ def make_compression(name, powersgd_rank=2, powersgd_start=50):
 
 
 def train(dataset, epochs=20, batch_size=32, lr=0.1, seed=42, log=print, compression="none",
-          powersgd_rank=2, powersgd_start=50):
+          powersgd_rank=2, powersgd_start=50, op="average"):
     """Trains on ``dataset`` = (x_train, y_train, x_test, y_test) on every rank; rank 0 reports
     progress through ``log``. Returns the final test accuracy (the same on every rank)."""
     hvd.init()
@@ -53,7 +53,8 @@ def train(dataset, epochs=20, batch_size=32, lr=0.1, seed=42, log=print, compres
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     comp = make_compression(compression, powersgd_rank, powersgd_start)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=comp)
+                                         compression=comp,
+                                         op=hvd.Adasum if op == "adasum" else hvd.Average)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     steps = len(y_train) // batch_size
@@ -104,11 +105,14 @@ def main():
                         help="PowerSGD's matrix_approximation_rank (default 2)")
     parser.add_argument("--powersgd-start", type=int, default=50,
                         help="steps averaged exactly before PowerSGD starts (default 50)")
+    parser.add_argument("--op", choices=("average", "adasum"), default="average",
+                        help="how the ranks' updates combine (adasum: each rank steps, the "
+                             "deltas are combined adaptively; use one rank's learning rate)")
     parser.add_argument("--data", default=DEFAULT_DATA)
     args = parser.parse_args()
     train(load_digits(args.data), epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
           seed=args.seed, log=lambda line: print(line, flush=True), compression=args.compression,
-          powersgd_rank=args.powersgd_rank, powersgd_start=args.powersgd_start)
+          powersgd_rank=args.powersgd_rank, powersgd_start=args.powersgd_start, op=args.op)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import torch
 
 from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.functions import broadcast_object
-from horovod_cpp.torch.mpi_ops import (Adasum, Average, HorovodNotSupportedError, allreduce_async_,
+from horovod_cpp.torch.mpi_ops import (Adasum, Average, allreduce_async_,
                                        grouped_allreduce_async_, rank, size,
                                        sparse_allreduce_async, synchronize)
 from horovod_cpp.torch.powersgd import _LowRankReduction
@@ -30,6 +30,55 @@ from horovod_cpp.torch.process_sets import global_process_set
 
 # PyTorch 2.1+: a hook on the parameter that runs once its .grad has been accumulated.
 _POST_ACCUMULATE_GRAD_HOOK = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+
+_TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before "
+                    "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                    "locally.")
+
+
+def _checked_named_parameters(param_groups, named_parameters):
+    """``named_parameters`` as a list of (name, parameter), checked as Horovod checks it (or
+    generated names when it is None)."""
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+    else:
+        named_parameters = [("allreduce.noname.%s.%s" % (i, j), v)
+                            for i, param_group in enumerate(param_groups)
+                            for j, v in enumerate(param_group["params"])]
+    # make sure that named_parameters are tuples
+    if any(not isinstance(p, tuple) for p in named_parameters):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    dups = _DistributedOptimizer.find_duplicates([k for k, _ in named_parameters])
+    if len(dups) > 0:
+        raise ValueError("Parameter names in named_parameters must be unique. "
+                         "Found duplicates: %s" % ", ".join(dups))
+    all_param_ids = {id(v) for param_group in param_groups for v in param_group["params"]}
+    named_param_ids = {id(v) for k, v in named_parameters}
+    unnamed_param_ids = all_param_ids - named_param_ids
+    if len(unnamed_param_ids):
+        raise ValueError("named_parameters was specified, but one or more model parameters "
+                         "were not named. Python object ids: "
+                         "%s" % ", ".join(str(i) for i in unnamed_param_ids))
+    return named_parameters
+
+
+def _register_hooks(opt):
+    """opt._make_hook(p) runs once each parameter's gradient has been accumulated."""
+    for param_group in opt.param_groups:
+        for p in param_group["params"]:
+            if p.requires_grad:
+                # No dense zero gradient is preset (as Horovod does not): autograd would
+                # accumulate a sparse gradient (nn.Embedding(sparse=True)) into it and
+                # densify it, and sparse optimizers (SparseAdam) would then refuse it.
+                opt._requires_update.add(p)
+                if _POST_ACCUMULATE_GRAD_HOOK:
+                    opt._grad_accs.append(p.register_post_accumulate_grad_hook(opt._make_hook(p)))
+                    continue
+                p_tmp = p.expand_as(p)
+                grad_acc = p_tmp.grad_fn.next_functions[0][0]
+                grad_acc.register_hook(opt._make_hook(p))
+                opt._grad_accs.append(grad_acc)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -50,28 +99,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 raise ValueError("PowerSGD does not take groups: the runtime already fuses "
                                  "neighbouring gradients' P and Q matrices")
 
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [("allreduce.noname.%s.%s" % (i, j), v)
-                                for i, param_group in enumerate(self.param_groups)
-                                for j, v in enumerate(param_group["params"])]
-        # make sure that named_parameters are tuples
-        if any(not isinstance(p, tuple) for p in named_parameters):
-            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                             "usually produced by model.named_parameters().")
-        dups = _DistributedOptimizer.find_duplicates([k for k, _ in named_parameters])
-        if len(dups) > 0:
-            raise ValueError("Parameter names in named_parameters must be unique. "
-                             "Found duplicates: %s" % ", ".join(dups))
-        all_param_ids = {id(v) for param_group in self.param_groups
-                         for v in param_group["params"]}
-        named_param_ids = {id(v) for k, v in named_parameters}
-        unnamed_param_ids = all_param_ids - named_param_ids
-        if len(unnamed_param_ids):
-            raise ValueError("named_parameters was specified, but one or more model parameters "
-                             "were not named. Python object ids: "
-                             "%s" % ", ".join(str(i) for i in unnamed_param_ids))
+        named_parameters = _checked_named_parameters(self.param_groups, named_parameters)
 
         self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
         self.backward_passes_per_step = backward_passes_per_step
@@ -150,21 +178,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._allreduce_delay[p] = self.backward_passes_per_step
 
     def _register_hooks(self):
-        for param_group in self.param_groups:
-            for p in param_group["params"]:
-                if p.requires_grad:
-                    # No dense zero gradient is preset (as Horovod does not): autograd would
-                    # accumulate a sparse gradient (nn.Embedding(sparse=True)) into it and
-                    # densify it, and sparse optimizers (SparseAdam) would then refuse it.
-                    self._requires_update.add(p)
-                    if _POST_ACCUMULATE_GRAD_HOOK:
-                        self._grad_accs.append(
-                            p.register_post_accumulate_grad_hook(self._make_hook(p)))
-                        continue
-                    p_tmp = p.expand_as(p)
-                    grad_acc = p_tmp.grad_fn.next_functions[0][0]
-                    grad_acc.register_hook(self._make_hook(p))
-                    self._grad_accs.append(grad_acc)
+        _register_hooks(self)
 
     def _allreduce_grad_async(self, p):
         if p.grad is None:
@@ -220,10 +234,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _make_hook(self, p):
         def hook(*ignore):
             if self._allreduce_delay[p] <= 0:
-                raise AssertionError(
-                    "Gradients were computed more than backward_passes_per_step times "
-                    "before call to step(). Increase backward_passes_per_step to "
-                    "accumulate gradients locally.")
+                raise AssertionError(_TOO_MANY_PASSES)
             assert not p.grad.requires_grad
             self._reduced = False
             self._allreduce_delay[p] -= 1
@@ -362,6 +373,85 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
+class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+    """``op=hvd.Adasum`` (Horovod's delta optimizer): as soon as a parameter's gradient is
+    accumulated, the wrapped optimizer takes that parameter's step locally, and the step's
+    change (the delta), not the gradient, is combined over the ranks with Adasum while the
+    backward pass goes on; ``step()`` then sets each parameter to where it started plus the
+    combined delta. Use the learning rate that suits one rank (docs/adasum.md)."""
+    _is_horovod_cpp_distributed = True
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        named_parameters = _checked_named_parameters(self.param_groups, named_parameters)
+        self._parameter_names = {v: k for k, v in named_parameters}
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {v: backward_passes_per_step for _, v in named_parameters}
+        self._handles = {}
+        self._grad_accs = []
+        self._requires_update = set()
+        self._starting_models = {p: torch.zeros_like(p, requires_grad=False)
+                                 for _, p in named_parameters}
+        _register_hooks(self)
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            if self._allreduce_delay[p] <= 0:
+                raise AssertionError(_TOO_MANY_PASSES)
+            self._allreduce_delay[p] -= 1
+            self._handles[p] = (self._allreduce_delta_async(p) if self._allreduce_delay[p] == 0
+                                else (None, None))
+        return hook
+
+    def _allreduce_delta_async(self, p):
+        """This parameter's own optimizer step, then its delta's Adasum started (in p)."""
+        start = self._starting_models[p]
+        stashed = [group["params"] for group in self.param_groups]
+        for group in self.param_groups:
+            group["params"] = [p] if any(p is v for v in group["params"]) else []
+        start.data.copy_(p.data)
+        try:
+            super(self.__class__, self).step()
+        finally:
+            for group, params in zip(self.param_groups, stashed):
+                group["params"] = params
+        p.data.sub_(start)
+        delta, ctx = self._compression.compress(p.data)
+        return allreduce_async_(delta, name=self._parameter_names.get(p), op=Adasum), ctx
+
+    def synchronize(self):
+        """Nothing to do: Adasum's step() itself waits for the deltas (as in Horovod)."""
+
+    @contextmanager
+    def skip_synchronize(self):
+        raise AssertionError("Skipping synchronization is not supported when using Adasum "
+                             "optimizer.")
+        yield  # pragma: no cover
+
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        # Parameters whose hook did not fire on this rank still take part (a zero delta).
+        for p in sorted(self._requires_update - set(self._handles),
+                        key=lambda q: self._parameter_names.get(q, "")):
+            self._handles[p] = (None, None)
+        # Every delta is started before any is waited for: a rank that starts one here while
+        # another rank started it in its hook must not wait on one the other has not started.
+        for p, (handle, _) in list(self._handles.items()):
+            if handle is None:  # before backward_passes_per_step passes, or no gradient
+                self._handles[p] = self._allreduce_delta_async(p)
+        for p, (handle, ctx) in self._handles.items():
+            delta = self._compression.decompress(synchronize(handle), ctx)
+            start = self._starting_models[p]
+            start.data.add_(delta.data)
+            p.data.copy_(start)
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        self._handles.clear()
+        return loss
+
+    zero_grad = _DistributedOptimizer.__dict__["zero_grad"]  # refused while deltas are in flight
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
@@ -374,7 +464,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     Arguments follow horovod.torch: ``named_parameters`` (``model.named_parameters()``, names
     the allreduces), ``compression`` (``Compression.none``, ``fp16``, ``bf16``, or
     ``Compression.powersgd(...)``: low-rank, with error feedback), ``backward_passes_per_step`` (accumulate locally over
-    that many backward passes), ``op`` (Average or Sum), ``gradient_predivide_factor``,
+    that many backward passes), ``op`` (Average, Sum, or Adasum: each rank steps locally and
+    the deltas are combined, as Horovod's Adasum optimizer), ``gradient_predivide_factor``,
     ``groups`` (an int or a list of lists of parameters to allreduce together),
     ``sparse_as_dense``, ``process_set``.
     """
@@ -389,7 +480,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
     if op == Adasum and size() > 1:
-        raise HorovodNotSupportedError("horovod_cpp does not support op=Adasum; use Average or Sum")
+        if process_set is not global_process_set:
+            raise NotImplementedError("Adasum does not support non-global process sets yet.")
+        if size() & (size() - 1):
+            raise ValueError("op=Adasum needs a power-of-two number of ranks (as in Horovod); "
+                             "this job has %d" % size())
+        if getattr(compression, "stateful", False):
+            raise ValueError("op=Adasum combines the optimizer's deltas, which PowerSGD does not "
+                             "compress; use Compression.none, fp16 or bf16")
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(_DistributedAdasumOptimizer.__dict__))
+        return cls(optimizer.param_groups, named_parameters, compression,
+                   backward_passes_per_step)
 
     # Dynamically create a new class that inherits from the optimizer that was passed in.
     # The goal is to override the `step()` method with an allreduce implementation.

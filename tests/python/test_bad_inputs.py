@@ -141,11 +141,6 @@ RUNTIME_ERROR_ROWS = [
     ("reducescatter op=Min", lambda: hvd.grouped_reducescatter([torch.ones(4)], op=hvd.Min),
      hvd.HorovodNotSupportedError, NotImplementedError,
      "Reducescatter currently only supports AVERAGE and SUM"),
-    ("allreduce op=Adasum", lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum),
-     hvd.HorovodNotSupportedError, NotImplementedError, "Adasum is not supported"),
-    ("grouped allreduce op=Adasum",
-     lambda: hvd.grouped_allreduce_async([torch.ones(2)], op=hvd.Adasum),
-     hvd.HorovodNotSupportedError, NotImplementedError, "Adasum is not supported"),
 ]
 
 
