@@ -9,9 +9,10 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                "horovod_cpp", "runner"))
-from rendezvous import RendezvousServer, new_secret  # noqa: E402  (pure Python, no _core)
+# The checkout's package (pure Python up to here: horovod_cpp imports its compiled core lazily),
+# so that this runs with any python3, also one without horovod_cpp installed.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from horovod_cpp.runner.rendezvous import RendezvousServer, new_secret  # noqa: E402
 
 
 def main(argv):
