@@ -40,7 +40,8 @@ def recv_exact(sock, n):
 def connect_for_hello(host, port, size, timeout, patience):
     """(socket, the first ``size`` bytes the server sends). A server shedding a flood closes new
     connections before its hello: tried again, with backoff, for ``patience`` seconds (the
-    flood's connections time out meanwhile). Shared by the rendezvous store's clients and this module's."""
+    flood's connections time out meanwhile). Shared by the rendezvous store's clients and this
+    module's."""
     deadline = time.monotonic() + patience
     delay = 0.01
     while True:
@@ -54,8 +55,6 @@ def connect_for_hello(host, port, size, timeout, patience):
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
 
-
-_recv_exact = recv_exact
 
 _HELLO = b"HVDN"
 _NONCE = 16
@@ -115,14 +114,14 @@ def send(sock, key, obj):
 
 def recv(sock, key):
     s = _session(sock)
-    header = _recv_exact(sock, _HEAD + 4)
+    header = recv_exact(sock, _HEAD + 4)
     (length,) = struct.unpack(">I", header[_HEAD:])
     if not hmac.compare_digest(header[:_HEAD], _macs(key, s, s.in_dir, s.received, length)):
         raise ProtocolError("frame with a bad header digest refused (no key, or a replay)")
     if length >= _MAX_FRAME:
         raise ProtocolError("frame of %d bytes refused" % length)
-    body = _recv_exact(sock, length)
-    digest = _recv_exact(sock, _DIGEST)
+    body = recv_exact(sock, length)
+    digest = recv_exact(sock, _DIGEST)
     if not hmac.compare_digest(digest, _macs(key, s, s.in_dir, s.received, length, body)[1]):
         raise ProtocolError("message with a bad digest refused")
     s.received += 1

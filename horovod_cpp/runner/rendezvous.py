@@ -19,7 +19,7 @@ import struct
 import threading
 import time
 
-from horovod_cpp.job.network import connect_for_hello, recv_exact  # noqa: F401
+from horovod_cpp.job.network import connect_for_hello, recv_exact
 
 _HELLO = b"HVDS"
 _NONCE = 16

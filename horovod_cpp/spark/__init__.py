@@ -1,8 +1,8 @@
 """Running horovod_cpp from Spark: ``HorovodRunner(np=N).run(main, **kwargs)`` as in
 Databricks' sparkdl, ``run(fn, args, kwargs, num_proc)`` as ``horovod.spark.run`` (every rank's
 value), and ``log_to_driver`` for messages from the ranks."""
-from horovod_cpp.spark.runner import (HorovodRunner, HorovodRunnerError, RankError,  # noqa: F401
-                                      run)
+from horovod_cpp.job.service import HorovodRunnerError, RankError  # noqa: F401
+from horovod_cpp.spark.runner import HorovodRunner, run  # noqa: F401
 
 
 def log_to_driver(message):

@@ -19,8 +19,7 @@ import time
 import uuid
 
 from horovod_cpp.job import mpirun, network
-from horovod_cpp.job.service import (HorovodRunnerError, JobService, RankError,  # noqa: F401
-                                     pickle_main)
+from horovod_cpp.job.service import HorovodRunnerError, JobService, pickle_main
 
 
 VERBOSITIES = ("all", "log_callback_only")

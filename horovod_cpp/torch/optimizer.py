@@ -432,8 +432,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         # Parameters whose hook did not fire on this rank still take part (a zero delta).
-        for p in sorted(self._requires_update - set(self._handles),
-                        key=lambda q: self._parameter_names.get(q, "")):
+        for p in self._requires_update - set(self._handles):
             self._handles[p] = (None, None)
         # Every delta is started before any is waited for: a rank that starts one here while
         # another rank started it in its hook must not wait on one the other has not started.
