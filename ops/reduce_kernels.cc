@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -80,21 +81,28 @@ void FloatsToHalves(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = FloatToHalf(src[i]);
 }
 
-namespace {
-
-template <typename T>
-T Apply(T a, T b, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kMin:
-      return std::min(a, b);
-    case ReduceOp::kMax:
-      return std::max(a, b);
-    case ReduceOp::kProduct:
-      return static_cast<T>(a * b);
-    default:
-      return static_cast<T>(a + b);
+// bfloat16 <-> float32 as BFloat16ToFloat and FloatToBFloat16 (ops/half.h), bit for bit, written
+// without branches so that the compiler vectorizes them (the scalar loop with its NaN branch made
+// a bfloat16 allreduce as slow as a float32 one of twice the bytes).
+void BFloat16sToFloats(const uint16_t* src, float* dst, int64_t n) {
+  static_assert(sizeof(float) == sizeof(uint32_t), "float is 32 bits");
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(dst + i, &bits, sizeof bits);
   }
 }
+
+void FloatsToBFloat16s(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t x;
+    std::memcpy(&x, src + i, sizeof x);
+    const uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;  // to nearest even
+    const uint32_t quiet_nan = (x >> 16) | 0x40u;
+    dst[i] = static_cast<uint16_t>((x & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
+  }
+}
+
+namespace {
 
 template <typename T>
 void ReduceTyped(T* inout, const T* in, int64_t n, ReduceOp op) {
@@ -115,25 +123,29 @@ void ReduceTyped(T* inout, const T* in, int64_t n, ReduceOp op) {
   }
 }
 
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void Reduce16(uint16_t* inout, const uint16_t* in, int64_t n, ReduceOp op) {
-  for (int64_t i = 0; i < n; ++i) {
-    inout[i] = FromFloat(Apply(ToFloat(inout[i]), ToFloat(in[i]), op));
-  }
-}
-
-// float16 through float32 in blocks that stay in L1: the same float operation and one rounding
-// per element as Reduce16<HalfToFloat, FloatToHalf>, so the same bits (NaN payloads aside).
-template <typename FloatOp>
+// float16 or bfloat16 through float32 in blocks that stay in L1: the same float operation and
+// one rounding per element as converting each element on its own, so the same bits (NaN
+// payloads aside), with conversions and operation vectorized.
+template <void (*ToFloats)(const uint16_t*, float*, int64_t),
+          void (*FromFloats)(const float*, uint16_t*, int64_t), typename FloatOp>
 void ThroughFloats(uint16_t* inout, const uint16_t* in, int64_t n, FloatOp op) {
   constexpr int64_t kBlock = 512;
   float a[kBlock], b[kBlock];
   for (int64_t start = 0; start < n; start += kBlock) {
     const int64_t m = std::min(kBlock, n - start);
-    HalvesToFloats(inout + start, a, m);
-    if (in != nullptr) HalvesToFloats(in + start, b, m);
+    ToFloats(inout + start, a, m);
+    if (in != nullptr) ToFloats(in + start, b, m);
     op(a, b, m);
-    FloatsToHalves(a, inout + start, m);
+    FromFloats(a, inout + start, m);
+  }
+}
+
+template <typename FloatOp>
+void ThroughFloats16(DataType dtype, uint16_t* inout, const uint16_t* in, int64_t n, FloatOp op) {
+  if (dtype == DataType::kFloat16) {
+    ThroughFloats<HalvesToFloats, FloatsToHalves>(inout, in, n, op);
+  } else {
+    ThroughFloats<BFloat16sToFloats, FloatsToBFloat16s>(inout, in, n, op);
   }
 }
 
@@ -166,22 +178,9 @@ void DivideTyped(T* buf, int64_t n, int64_t divisor) {
   for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<T>(buf[i] / d);
 }
 
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void Divide16(uint16_t* buf, int64_t n, int64_t divisor) {
-  const float d = static_cast<float>(divisor);
-  for (int64_t i = 0; i < n; ++i) buf[i] = FromFloat(ToFloat(buf[i]) / d);
-}
-
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void Scale16(uint16_t* buf, int64_t n, double factor) {
-  const float f = static_cast<float>(factor);
-  for (int64_t i = 0; i < n; ++i) buf[i] = FromFloat(ToFloat(buf[i]) * f);
-}
-
 // Calls f(TypeTag<T>{}) with the C++ storage type of `dtype`; float16 and bfloat16 (stored as
-// uint16_t) get their own tags so the callee can convert through float32.
-struct Float16Tag {};
-struct BFloat16Tag {};
+// uint16_t) get a tag of their own so that the callee converts them through float32.
+struct Half16Tag {};
 template <typename T>
 struct TypeTag {
   using type = T;
@@ -209,9 +208,8 @@ void VisitType(DataType dtype, F&& f) {
     case DataType::kBool:
       return f(TypeTag<bool>{});
     case DataType::kFloat16:
-      return f(TypeTag<Float16Tag>{});
     case DataType::kBFloat16:
-      return f(TypeTag<BFloat16Tag>{});
+      return f(TypeTag<Half16Tag>{});
   }
 }
 
@@ -220,12 +218,9 @@ void VisitType(DataType dtype, F&& f) {
 void ReduceInto(void* inout, const void* in, int64_t n, DataType dtype, ReduceOp op) {
   VisitType(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if constexpr (std::is_same_v<T, Float16Tag>) {
-      ThroughFloats(static_cast<uint16_t*>(inout), static_cast<const uint16_t*>(in), n,
-                    [op](float* a, const float* b, int64_t m) { ReduceTyped(a, b, m, op); });
-    } else if constexpr (std::is_same_v<T, BFloat16Tag>) {
-      Reduce16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(inout),
-                                                 static_cast<const uint16_t*>(in), n, op);
+    if constexpr (std::is_same_v<T, Half16Tag>) {
+      ThroughFloats16(dtype, static_cast<uint16_t*>(inout), static_cast<const uint16_t*>(in), n,
+                      [op](float* a, const float* b, int64_t m) { ReduceTyped(a, b, m, op); });
     } else if constexpr (std::is_same_v<T, bool>) {  // as bytes (the API rejects bool reductions)
       ReduceTyped(static_cast<uint8_t*>(inout), static_cast<const uint8_t*>(in), n, op);
     } else {
@@ -238,11 +233,9 @@ void ScaleBuffer(void* buf, int64_t n, DataType dtype, double factor) {
   if (factor == 1.0) return;
   VisitType(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if constexpr (std::is_same_v<T, Float16Tag>) {
-      ThroughFloats(static_cast<uint16_t*>(buf), nullptr, n,
-                    [factor](float* a, const float*, int64_t m) { ScaleTyped(a, m, factor); });
-    } else if constexpr (std::is_same_v<T, BFloat16Tag>) {
-      Scale16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(buf), n, factor);
+    if constexpr (std::is_same_v<T, Half16Tag>) {
+      ThroughFloats16(dtype, static_cast<uint16_t*>(buf), nullptr, n,
+                      [factor](float* a, const float*, int64_t m) { ScaleTyped(a, m, factor); });
     } else if constexpr (!std::is_same_v<T, bool>) {  // scaling a bool means nothing
       ScaleTyped(static_cast<T*>(buf), n, factor);
     }
@@ -253,11 +246,9 @@ void DivideBuffer(void* buf, int64_t n, DataType dtype, int64_t divisor) {
   if (divisor == 1) return;
   VisitType(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if constexpr (std::is_same_v<T, Float16Tag>) {
-      ThroughFloats(static_cast<uint16_t*>(buf), nullptr, n,
-                    [divisor](float* a, const float*, int64_t m) { DivideTyped(a, m, divisor); });
-    } else if constexpr (std::is_same_v<T, BFloat16Tag>) {
-      Divide16<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(buf), n, divisor);
+    if constexpr (std::is_same_v<T, Half16Tag>) {
+      ThroughFloats16(dtype, static_cast<uint16_t*>(buf), nullptr, n,
+                      [divisor](float* a, const float*, int64_t m) { DivideTyped(a, m, divisor); });
     } else if constexpr (!std::is_same_v<T, bool>) {
       DivideTyped(static_cast<T*>(buf), n, divisor);
     }

@@ -30,5 +30,10 @@ void HalvesToFloats(const uint16_t* src, float* dst, int64_t n);
 void FloatsToHalves(const float* src, uint16_t* dst, int64_t n);
 bool HalfConversionsVectorized();
 
+// bfloat16 (as uint16_t) to and from float32 for n elements, as BFloat16ToFloat and
+// FloatToBFloat16 (ops/half.h) give them, bit for bit; vectorized by the compiler.
+void BFloat16sToFloats(const uint16_t* src, float* dst, int64_t n);
+void FloatsToBFloat16s(const float* src, uint16_t* dst, int64_t n);
+
 }  // namespace ops
 }  // namespace hvd

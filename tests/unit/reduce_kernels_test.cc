@@ -115,6 +115,33 @@ TEST(ReduceKernels, VectorizedHalfConversionsMatchTheScalarOnesBitForBit) {
   std::printf("vectorized half conversions: %s\n", HalfConversionsVectorized() ? "F16C" : "scalar");
 }
 
+// The branch-free bfloat16 conversions against the scalar ones: every bfloat16, and floats around
+// every rounding boundary (ties to even), NaNs (quieted), infinities and odd lengths.
+TEST(ReduceKernels, VectorizedBFloat16ConversionsMatchTheScalarOnesBitForBit) {
+  std::vector<uint16_t> bfs(65536 + 3);
+  for (size_t i = 0; i < bfs.size(); ++i) bfs[i] = static_cast<uint16_t>(i);
+  std::vector<float> floats(bfs.size());
+  BFloat16sToFloats(bfs.data(), floats.data(), static_cast<int64_t>(bfs.size()));
+  for (size_t i = 0; i < bfs.size(); ++i) {
+    const float want = BFloat16ToFloat(bfs[i]);
+    ASSERT_EQ(std::memcmp(&floats[i], &want, sizeof want), 0) << i;
+  }
+  std::vector<float> in;
+  for (uint32_t b = 0; b < 0x10000u; ++b) {  // each bfloat16's bits with every low half pattern
+    for (uint32_t low : {0x0000u, 0x0001u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu}) {
+      const uint32_t bits = (b << 16) | low;
+      float v;
+      std::memcpy(&v, &bits, sizeof v);
+      in.push_back(v);  // NaNs included: signalling ones must come back quiet, as the scalar
+    }
+  }
+  std::vector<uint16_t> out(in.size());
+  for (int64_t len : {static_cast<int64_t>(in.size()), int64_t{5}, int64_t{17}}) {
+    FloatsToBFloat16s(in.data(), out.data(), len);
+    for (int64_t i = 0; i < len; ++i) ASSERT_EQ(out[i], FloatToBFloat16(in[i])) << i;
+  }
+}
+
 TEST(ReduceKernels, IntegerOps) {
   std::vector<int32_t> a = {1, -5, 7, 0}, b = {3, 2, -7, 9};
   std::vector<int32_t> x = a;
