@@ -377,6 +377,17 @@ void OrthogonalizeRows(::torch::Tensor& rows, double epsilon) {
   if (!work.is_same(rows)) rows.copy_(work);
 }
 
+// P Q^T (n x m) from P^T (r x n) and Q^T (r x m): for r <= 4 (r <= 2 on fewer than 512 rows)
+// a sum of r outer products, which the BLAS' general product of so thin a pair ran 2-5x slower
+// than (docs/compression.md); the same rule as horovod_cpp/torch/powersgd.py's.
+::torch::Tensor LowRankProduct(const ::torch::Tensor& pt, const ::torch::Tensor& qt) {
+  const int64_t r = pt.size(0), n = pt.size(1), m = qt.size(1);
+  if (!((r <= 4 && n >= 512) || (r <= 2 && n * m >= 65536))) return ::torch::mm(pt.t(), qt);
+  ::torch::Tensor out = ::torch::outer(pt[0], qt[0]);
+  for (int64_t i = 1; i < r; ++i) out.addr_(pt[i], qt[i]);
+  return out;
+}
+
 // (n, m, r) of a gradient's matrix view; n = 0 for fewer than 2 dimensions.
 std::tuple<int64_t, int64_t, int64_t> MatrixRank(const ::torch::Tensor& t, int rank) {
   if (t.dim() < 2) return {0, 0, 0};
@@ -463,6 +474,12 @@ DistributedOptimizer::~DistributedOptimizer() {
       }
     }
   }
+  if (q_group_.valid()) {
+    try {
+      q_group_.Synchronize();
+    } catch (const Error&) {
+    }
+  }
 }
 
 // Runs inside backward(), before autograd adds `grad` into p.grad: the gradient to reduce is
@@ -513,27 +530,37 @@ void DistributedOptimizer::StartLowRank(Param& p, ::torch::Tensor gradient) {
   p.low_rank_stage = 1;
 }
 
-void DistributedOptimizer::AdvanceLowRank(Param& p) {
-  if (p.low_rank_stage != 1) return;
+void DistributedOptimizer::StartQReductions() {
   ::torch::NoGradGuard no_grad;
-  p.pt = p.handle.Synchronize();
-  OrthogonalizeRows(p.pt, options_.powersgd.orthogonalization_epsilon);
-  p.qt = ::torch::mm(p.pt, p.matrix);  // (M^T P)^T
+  std::vector<::torch::Tensor> qts;
+  std::vector<TensorView> views;
+  std::string first;
+  for (auto& p : params_) {
+    if (p->low_rank_stage != 1) continue;
+    p->pt = p->handle.Synchronize();
+    OrthogonalizeRows(p->pt, options_.powersgd.orthogonalization_epsilon);
+    p->qt = ::torch::mm(p->pt, p->matrix);  // (M^T P)^T
+    p->low_rank_stage = 2;
+    if (first.empty()) first = p->key;
+    qts.push_back(p->qt);
+    views.push_back(View(p->qt));
+  }
+  if (qts.empty()) return;
   ReduceOptions average;
   average.op = ReduceOp::kAverage;
   average.process_set_id = options_.process_set_id;
-  p.handle = AllreduceAsync_(p.qt, "powersgd.Q." + p.key, average);
-  p.low_rank_stage = 2;
+  const std::string name =
+      "powersgd.Q." + first + "+" + std::to_string(static_cast<int64_t>(qts.size()) - 1);
+  Handle h = Get(EnqueueGroupedAllreduce(views, views, name, CoreOptions(average)));
+  q_group_ = HandleAccess::Make(h, TorchHandle::Kind::kTensor, std::move(qts), {});
 }
 
 ::torch::Tensor DistributedOptimizer::FinishLowRank(Param& p) {
-  AdvanceLowRank(p);
+  if (p.low_rank_stage == 1) StartQReductions();
+  if (q_group_.valid()) q_group_.Synchronize();  // every Q of the step, reduced in place
   ::torch::NoGradGuard no_grad;
-  p.qt = p.handle.Synchronize();
-  if (options_.powersgd.use_error_feedback) {  // M - P Q^T in one pass over M
-    p.error = ::torch::addmm(p.matrix, p.pt.t(), p.qt, /*beta=*/1, /*alpha=*/-1);
-  }
-  ::torch::Tensor approx = ::torch::mm(p.pt.t(), p.qt);
+  ::torch::Tensor approx = LowRankProduct(p.pt, p.qt);
+  if (options_.powersgd.use_error_feedback) p.error = p.matrix - approx;  // M - P Q^T
   if (!options_.powersgd.warm_start) p.qt = ::torch::Tensor();
   p.low_rank_stage = 0;
   p.matrix = ::torch::Tensor();
@@ -576,14 +603,12 @@ void DistributedOptimizer::Synchronize(CallSite where) {
       const ::torch::Tensor& held = p->tensor.grad();
       Submit(*p, held.defined() ? held.detach().clone() : ::torch::zeros_like(p->tensor));
     }
-    // Every compressed gradient's Q allreduce starts before any is waited for (fused).
-    for (auto& p : params_) {
-      if (p->low_rank_stage == 1) AdvanceLowRank(*p);
-    }
+    // Every compressed gradient's Q allreduce starts, in one group, before any is waited for.
+    StartQReductions();
     int64_t before = 0, after = 0;
     for (auto& p : params_) {
-      if (!p->handle.valid()) continue;
-      const bool low_rank = p->low_rank_stage != 0;
+      const bool low_rank = p->low_rank_stage != 0;  // (its Q is in the step's group)
+      if (!low_rank && !p->handle.valid()) continue;
       ::torch::Tensor reduced = low_rank ? FinishLowRank(*p) : p->handle.Synchronize();
       if (p->cast) reduced = reduced.to(p->sent_as);
       before += p->tensor.numel();

@@ -217,7 +217,9 @@ class DistributedOptimizer {
   void Submit(Param& p, ::torch::Tensor gradient);
   bool Compresses(const Param& p) const;   // PowerSGD at this step
   void StartLowRank(Param& p, ::torch::Tensor gradient);
-  void AdvanceLowRank(Param& p);           // P reduced: orthonormalize, start Q
+  // Every P reduced, orthonormalized, and its Q computed; then all the Qs' allreduces start
+  // as one grouped allreduce (one negotiation, one fused collective).
+  void StartQReductions();
   ::torch::Tensor FinishLowRank(Param& p); // Q reduced: P Q^T, the error kept
 
   std::shared_ptr<::torch::optim::Optimizer> optimizer_;
@@ -227,6 +229,7 @@ class DistributedOptimizer {
   bool should_synchronize_ = true;
   int64_t powersgd_iter_ = 0;
   double compression_rate_ = 1.0;
+  TorchHandle q_group_;  // the step's grouped Q allreduce (keeps the Qs alive)
 };
 
 struct ShardedOptimizerOptions {

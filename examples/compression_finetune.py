@@ -110,7 +110,7 @@ def main():
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     compressed = copy.deepcopy(model)
     comp = (hvd.Compression.powersgd(matrix_approximation_rank=args.rank,
-                                     start_powerSGD_iter=args.warmup)
+                                     start_powerSGD_iter=args.warmup, adaptive=False)
             if args.compression == "powersgd" else getattr(hvd.Compression, args.compression))
     exact = train(model, hvd.Compression.none, args.steps, args.lr, args.every, args.freeze)
     other = train(compressed, comp, args.steps, args.lr, args.every, args.freeze)

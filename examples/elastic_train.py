@@ -49,7 +49,7 @@ def digest(model):
 
 
 def powersgd_digest(state):
-    h = hashlib.sha256(str(state["iter"]).encode())
+    h = hashlib.sha256(str((state["iter"], sorted(state["adaptive"].items()))).encode())
     for kind in ("qs", "errors"):
         for key, value in sorted(state[kind].items()):
             h.update(("%s.%s" % (kind, key)).encode())
@@ -102,7 +102,7 @@ def main():
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
         compression = (hvd.Compression.powersgd(matrix_approximation_rank=args.powersgd,
-                                                start_powerSGD_iter=30)
+                                                start_powerSGD_iter=30, adaptive=False)
                        if args.powersgd else hvd.Compression.none)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              compression=compression)

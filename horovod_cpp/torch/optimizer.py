@@ -25,7 +25,7 @@ from horovod_cpp.torch.functions import broadcast_object
 from horovod_cpp.torch.mpi_ops import (Adasum, Average, allreduce_async_,
                                        grouped_allreduce_async_, rank, size,
                                        sparse_allreduce_async, synchronize)
-from horovod_cpp.torch.powersgd import _LowRankReduction
+from horovod_cpp.torch.powersgd import _LowRankReduction, start_q_reductions
 from horovod_cpp.torch.process_sets import global_process_set
 
 # PyTorch 2.1+: a hook on the parameter that runs once its .grad has been accumulated.
@@ -301,11 +301,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._handles[p] = self._allreduce_grad_async(p)
 
         if self._powersgd is not None:
-            # Every compressed gradient's Q allreduce starts before any is waited for, so the
-            # runtime fuses them.
-            for handle, _ in self._handles.values():
-                if isinstance(handle, _LowRankReduction):
-                    handle.advance()
+            # Every compressed gradient's Q allreduce starts, in one group, before any is
+            # waited for.
+            start_q_reductions([handle for handle, _ in self._handles.values()
+                                if isinstance(handle, _LowRankReduction)])
         for p, (handle, ctx) in self._handles.items():
             if isinstance(handle, _LowRankReduction):
                 output = handle.finish()

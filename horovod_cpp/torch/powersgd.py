@@ -14,7 +14,10 @@ with the semantics of PyTorch's DDP ``powerSGD_hook``:
 * warm start (``warm_start``): each matrix's Q is kept for its next step (orthonormalized
   again) instead of being drawn anew;
 * a Q is drawn from a seed that depends on ``random_seed``, the parameter's name and the step
-  only, so every rank draws the same Q whatever order its hooks run in.
+  only, so every rank draws the same Q whatever order its hooks run in;
+* not in PyTorch, and on by default (``adaptive``): compression only while it pays, decided by
+  probes that time exact and compressed steps alike (see ``PowerSGD``). On a fast link
+  PowerSGD's products can cost more than the bytes they save (docs/compression.md).
 
 The P of a gradient is computed and its allreduce started by the gradient's hook, during the
 backward pass; ``step()`` / ``synchronize()`` then starts every Q's allreduce before waiting
@@ -26,9 +29,14 @@ input minus the average, whose sum over the ranks is zero, so it never changes t
 that every rank receives (``tests/python/test_powersgd.py`` checks the trajectory against a
 one-process reference of the algorithm).
 """
+import statistics
+import time
+
 import torch
 
-from horovod_cpp.torch.mpi_ops import Average, Sum, allreduce_async_, synchronize
+from horovod_cpp.torch.mpi_ops import (Average, Max, Sum, allreduce, allreduce_async_,
+                                       grouped_allreduce_async_, synchronize)
+from horovod_cpp.torch.process_sets import global_process_set
 
 _FNV_OFFSET = 0xcbf29ce484222325
 _FNV_PRIME = 0x100000001b3
@@ -80,9 +88,59 @@ def orthogonalize(matrix, epsilon=0.0):
     return matrix
 
 
+def low_rank_product(pt, qt):
+    """P Q^T (n x m) from P^T (r x n) and Q^T (r x m). For r <= 4 (r <= 2 on fewer than 512
+    rows) as a sum of r outer products: the BLAS' general product of so thin a pair ran 2-5x
+    slower here (0.65-0.84 against 0.30 ms for 1024 x 1024 at r = 4 on PyPI's torch, 1.45
+    against 0.32 on Debian's; docs/compression.md). The same rule in the C++ API
+    (LowRankProduct in bindings/torch.cc), so both round alike."""
+    r, n = pt.shape
+    m = qt.shape[1]
+    if not (r <= 4 and n >= 512 or r <= 2 and n * m >= 65536):
+        return torch.mm(pt.t(), qt)
+    out = torch.outer(pt[0], qt[0])
+    for i in range(1, r):
+        out.addr_(pt[i], qt[i])
+    return out
+
+
+class _QGroup(object):
+    """The Q allreduces of one step, started as one grouped allreduce: one negotiation and one
+    fused collective for every compressed matrix. (Started one by one, each Q waited for its
+    P first, so the runtime's burst ended and the Qs went out in several rounds: a network
+    round trip each, on a slow link.)"""
+
+    def __init__(self, reductions, process_set):
+        first = reductions[0]
+        self.handle = grouped_allreduce_async_(
+            [r.qt for r in reductions], op=Average, process_set=process_set,
+            name="powersgd.Q.%s+%d" % (first.name, len(reductions) - 1))
+        self.outputs = None
+
+    def output(self, index):
+        if self.outputs is None:
+            self.outputs = synchronize(self.handle)
+        return self.outputs[index]
+
+
+def start_q_reductions(reductions):
+    """Waits for each P, computes each Q, and starts every Q's allreduce in one group (per
+    process set). Called once a step, with every compressed gradient in flight."""
+    pending = [r for r in reductions if r.stage == 1]
+    by_set = {}
+    for r in pending:
+        r.compute_q()
+        by_set.setdefault(id(r.process_set), []).append(r)
+    for group in by_set.values():
+        q_group = _QGroup(group, group[0].process_set)
+        for index, r in enumerate(group):
+            r.handle = (q_group, index)
+
+
 class _LowRankReduction(object):
-    """One compressed gradient in flight: P's allreduce started (hook time); advance() waits
-    for it and starts Q's; finish() waits for Q and writes P Q^T into the gradient.
+    """One compressed gradient in flight: P's allreduce started (hook time); compute_q()
+    waits for it and computes Q, whose allreduce start_q_reductions() starts with the step's
+    other Qs; finish() waits for Q and writes P Q^T into the gradient.
 
     P and Q are held transposed (r x n, r x m, contiguous): the products then read M row by
     row (Q^T M^T and P^T M run 4-13x faster than M Q and M^T P for a 1024 x 1024 M, r = 4, on
@@ -111,21 +169,20 @@ class _LowRankReduction(object):
                                        process_set=process_set)
         self.stage = 1
 
-    def advance(self):
-        if self.stage != 1:
-            return
+    def compute_q(self):
         self.pt = synchronize(self.handle)
         orthogonalize(self.pt.t(), self.comp.orthogonalization_epsilon)
         torch.mm(self.pt, self.m_view, out=self.qt)  # (M^T P)^T
-        self.handle = allreduce_async_(self.qt, name="powersgd.Q." + self.name, op=Average,
-                                       process_set=self.process_set)
+        self.handle = None
         self.stage = 2
 
     def finish(self):
-        self.advance()
-        self.qt = synchronize(self.handle)
+        if self.stage == 1:
+            start_q_reductions([self])
+        q_group, index = self.handle
+        self.qt = q_group.output(index)
         comp = self.comp
-        approx = torch.mm(self.pt.t(), self.qt)  # the gradient: P Q^T
+        approx = low_rank_product(self.pt, self.qt)  # the gradient: P Q^T
         if comp.use_error_feedback:
             # The error is M - P Q^T: computed in M's own memory, which the error then keeps;
             # the gradient becomes the new tensor (no copy back).
@@ -153,7 +210,18 @@ class PowerSGD(object):
     * ``min_compression_rate`` (2): a matrix is compressed only when that saves more than this
       factor;
     * ``use_error_feedback`` (True), ``warm_start`` (True), ``orthogonalization_epsilon`` (0);
-    * ``random_seed`` (0): the seed of the random Qs (the same on every rank).
+    * ``random_seed`` (0): the seed of the random Qs (the same on every rank);
+    * ``adaptive`` (True; not in PyTorch): compress only while it pays. From
+      ``start_powerSGD_iter`` on, a probe alternates blocks of exact and compressed steps
+      (``PROBE_BLOCKS`` of each, ``PROBE_BLOCK`` steps long, the first step of each block not
+      counted) and compares the median step times, each the slowest rank's; the job then
+      compresses only if compressed steps were faster. The probe is repeated after
+      ``PROBE_INTERVAL`` steps, twice as long after each probe that did not change the
+      decision (up to ``PROBE_INTERVAL_MAX``), so a link that gets slower or faster is
+      followed. An exact step sends each rank's error with its gradient (and drops it), so
+      nothing that error feedback kept is lost. ``adaptive=False``: PyTorch's behaviour,
+      compress every step from ``start_powerSGD_iter`` on. ``decisions`` lists each probe's
+      (step, compressed ms, exact ms, compress?).
 
     One instance per optimizer: it keeps each matrix's Q and error, and the step count.
     ``state_dict()`` / ``load_state_dict()`` save them with a checkpoint; ``hvd.elastic.
@@ -162,10 +230,14 @@ class PowerSGD(object):
     """
 
     stateful = True
+    PROBE_BLOCK = 3
+    PROBE_BLOCKS = 3
+    PROBE_INTERVAL = 250
+    PROBE_INTERVAL_MAX = 4000
 
     def __init__(self, matrix_approximation_rank=1, start_powerSGD_iter=1000,
                  min_compression_rate=2, use_error_feedback=True, warm_start=True,
-                 orthogonalization_epsilon=0, random_seed=0):
+                 orthogonalization_epsilon=0, random_seed=0, adaptive=True):
         if int(matrix_approximation_rank) < 1:
             raise ValueError("matrix_approximation_rank must be >= 1, got %r"
                              % (matrix_approximation_rank,))
@@ -180,9 +252,19 @@ class PowerSGD(object):
         self.warm_start = bool(warm_start)
         self.orthogonalization_epsilon = float(orthogonalization_epsilon)
         self.random_seed = int(random_seed)
+        self.adaptive = bool(adaptive)
         self.iter = 0
         self.qs = {}
         self.errors = {}
+        # The adaptive policy: the decision, when the next probe starts, the interval after it.
+        self.compressing = True
+        self.next_probe = self.start_powerSGD_iter
+        self.probe_interval = self.PROBE_INTERVAL
+        self.decisions = []
+        self.clock = time.perf_counter  # (tests replace it)
+        self._probe_times = {True: [], False: []}
+        self._last_step_end = None
+        self._process_set = None
         self.numel_before = 0  # of the last compressed step: numbers each rank would send
         self.numel_after = 0   # and what it sent
 
@@ -196,23 +278,48 @@ class PowerSGD(object):
 
     decompress = compress
 
+    def _probe_length(self):
+        return 2 * self.PROBE_BLOCKS * self.PROBE_BLOCK
+
+    def _mode(self):
+        """(compress?, timed for the probe?) of the current step."""
+        if self.iter < self.start_powerSGD_iter:
+            return False, False
+        if not self.adaptive:
+            return True, False
+        k = self.iter - self.next_probe
+        if 0 <= k < self._probe_length():
+            block, position = divmod(k, self.PROBE_BLOCK)
+            return block % 2 == 1, position > 0
+        return self.compressing, False
+
     def compresses(self, tensor):
         """Whether this gradient travels compressed at the current step."""
-        if self.iter < self.start_powerSGD_iter or tensor.is_sparse:
+        if not self._mode()[0] or tensor.is_sparse:
             return False
         nmr = matrix_rank(tensor.shape, self.matrix_approximation_rank)
         return nmr is not None and should_compress(*nmr, self.min_compression_rate)
 
     def reduce_async(self, tensor, name, process_set):
         """Starts the reduction of the gradient ``tensor`` (averaged in place): a
-        _LowRankReduction, or None when it goes uncompressed (the caller averages it)."""
+        _LowRankReduction, or None when it goes uncompressed (the caller averages it; a
+        matrix that kept an error from a compressed step sends it with this gradient)."""
+        self._process_set = process_set
         if not self.compresses(tensor):
+            error = self.errors.pop(name, None)
+            if error is not None and error.shape == tensor.shape and not tensor.is_sparse:
+                tensor.add_(error)
             return None
         return _LowRankReduction(self, name, tensor, process_set)
 
     def step_done(self, tensors):
         """Called once per optimizer step with every gradient reduced in it."""
-        if self.iter >= self.start_powerSGD_iter:
+        compressed, timed = self._mode()
+        now = self.clock()
+        if timed and self._last_step_end is not None:
+            self._probe_times[compressed].append(now - self._last_step_end)
+        self._last_step_end = now
+        if compressed:
             before = after = 0
             for t in tensors:
                 before += t.numel()
@@ -222,7 +329,30 @@ class PowerSGD(object):
                 else:
                     after += t.numel()
             self.numel_before, self.numel_after = before, after
+        if (self.adaptive and self.iter >= self.start_powerSGD_iter
+                and self.iter - self.next_probe == self._probe_length() - 1):
+            self._decide()
         self.iter += 1
+
+    def _decide(self):
+        """Ends a probe: the median step time of each kind on each rank, the slowest rank's
+        (a maximum: the same bits on every rank, whatever the reduction order), and every
+        rank takes the same decision."""
+        medians = [statistics.median(self._probe_times[kind]) if self._probe_times[kind]
+                   else 0.0 for kind in (True, False)]
+        slowest = allreduce(torch.tensor(medians, dtype=torch.float64), op=Max,
+                            name="powersgd.probe",
+                            process_set=self._process_set or global_process_set)
+        compressed_s, exact_s = slowest.tolist()
+        compress = compressed_s < exact_s
+        if compress == self.compressing:
+            self.probe_interval = min(2 * self.probe_interval, self.PROBE_INTERVAL_MAX)
+        else:
+            self.probe_interval = self.PROBE_INTERVAL
+        self.compressing = compress
+        self.next_probe = self.iter + 1 + self.probe_interval
+        self._probe_times = {True: [], False: []}
+        self.decisions.append((self.iter + 1, 1e3 * compressed_s, 1e3 * exact_s, compress))
 
     def compression_rate(self):
         """Numbers a step would send uncompressed / what it sends (of the last step)."""
@@ -231,12 +361,24 @@ class PowerSGD(object):
     def state_dict(self):
         return {"iter": self.iter,
                 "qs": {k: v.clone() for k, v in self.qs.items()},
-                "errors": {k: v.clone() for k, v in self.errors.items()}}
+                "errors": {k: v.clone() for k, v in self.errors.items()},
+                "adaptive": {"compressing": self.compressing, "next_probe": self.next_probe,
+                             "probe_interval": self.probe_interval}}
 
     def load_state_dict(self, state):
         self.iter = int(state["iter"])
         self.qs = {k: v.clone() for k, v in state["qs"].items()}
         self.errors = {k: v.clone() for k, v in state["errors"].items()}
+        adaptive = state.get("adaptive")
+        if adaptive is not None:  # (a state saved before the adaptive policy: its defaults)
+            self.compressing = bool(adaptive["compressing"])
+            self.next_probe = int(adaptive["next_probe"])
+            self.probe_interval = int(adaptive["probe_interval"])
+        # A probe under way starts again (its times were of another world, or another run).
+        if self.next_probe <= self.iter < self.next_probe + self._probe_length():
+            self.next_probe = self.iter
+        self._probe_times = {True: [], False: []}
+        self._last_step_end = None
 
     def _elastic_commit(self, process_set):
         """The state with every error replaced by its mean over the ranks (collective: rank 0's

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import horovod_cpp.torch as hvd
-from horovod_cpp.torch.powersgd import q_seed
+from horovod_cpp.torch.powersgd import low_rank_product, q_seed
 from conftest import same_on_every_rank
 
 
@@ -44,9 +44,11 @@ def loss_of(model, x, y):
 
 
 def reference(size, steps, rank_r, start, error_feedback, warm_start, seed=0, lr=0.1,
-              errors=None, qs=None, first_step=0, model=None):
+              errors=None, qs=None, first_step=0, model=None, compress_at=None):
     """One process: every simulated rank's gradient on its own batch, then PowerSGD as the
-    paper and PyTorch's hook define it. Returns (model, reduced gradients per step, errors,
+    paper and PyTorch's hook define it. ``compress_at(step)`` False: that step averages
+    every gradient exactly, each with its rank's error added (which is then dropped), as the
+    adaptive policy's exact steps do. Returns (model, reduced gradients per step, errors,
     qs)."""
     model = model if model is not None else make_model()
     names = [n for n, _ in model.named_parameters()]
@@ -68,6 +70,11 @@ def reference(size, steps, rank_r, start, error_feedback, warm_start, seed=0, lr
             r_ = min(n, m, rank_r)
             if step < start or g[0].dim() < 2 or not n * m > (n + m) * r_ * 2:
                 reduced[name] = sum(g) / size
+                continue
+            if compress_at is not None and not compress_at(step):
+                kept = errors.pop(name, [0] * size)
+                reduced[name] = sum(x + (e.reshape(x.shape) if torch.is_tensor(e) else e)
+                                    for x, e in zip(g, kept)) / size
                 continue
             mats = [x.reshape(n, m) + (errors[name][i] if error_feedback and name in errors
                                         else 0) for i, x in enumerate(g)]
@@ -96,7 +103,8 @@ def distributed(steps, rank_r, start, error_feedback, warm_start, seed=0, lr=0.1
     model = model if model is not None else make_model()
     comp = compression or hvd.Compression.powersgd(
         matrix_approximation_rank=rank_r, start_powerSGD_iter=start,
-        use_error_feedback=error_feedback, warm_start=warm_start, random_seed=seed)
+        use_error_feedback=error_feedback, warm_start=warm_start, random_seed=seed,
+        adaptive=False)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
                                    named_parameters=model.named_parameters(), compression=comp)
     history = []
@@ -138,6 +146,45 @@ def test_powersgd_agrees_with_a_one_process_reference(rank_r, start, error_feedb
     assert comp.iter == steps
 
 
+class Tall(torch.nn.Module):
+    """A 600 x 108 weight: at r <= 4 its P Q^T is taken as outer products, not one product."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(108, 600)
+        self.fc2 = torch.nn.Linear(600, 2)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+@pytest.mark.parametrize("rank_r", [2, 4])
+def test_powersgd_of_a_tall_matrix_agrees_with_the_reference(rank_r):
+    def tall():
+        torch.manual_seed(3)
+        return Tall().double()
+    steps = 3
+    model, history, _, _ = distributed(steps, rank_r, 0, True, True, model=tall())
+    _, ref_history, _, _ = reference(hvd.size(), steps, rank_r, 0, True, True, model=tall())
+    for step, (got, want) in enumerate(zip(history, ref_history)):
+        for name in want:
+            assert torch.allclose(got[name], want[name], atol=1e-5, rtol=1e-5), (step, name)
+    assert torch.linalg.matrix_rank(history[-1]["fc1.weight"]).item() <= rank_r
+
+
+@pytest.mark.parametrize("r,n,m", [(1, 600, 200), (4, 512, 30), (2, 200, 400), (4, 200, 400),
+                                   (5, 600, 50), (3, 7, 9)])
+def test_low_rank_product_is_p_times_q_transposed(r, n, m):
+    # Both forms (outer products for r <= 4 on >= 512 rows, or r <= 2 on >= 65536 elements;
+    # one product otherwise) against the product in float64.
+    g = torch.Generator().manual_seed(r * n + m)
+    pt, qt = torch.randn(r, n, generator=g), torch.randn(r, m, generator=g)
+    want = torch.mm(pt.double().t(), qt.double())
+    got = low_rank_product(pt, qt)
+    assert got.shape == (n, m) and got.dtype == torch.float32
+    assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
 def test_powersgd_before_start_is_the_exact_average():
     model, history, comp, _ = distributed(2, 1, 10, True, True)
     _, ref_history, _, _ = reference(hvd.size(), 2, 1, 10, True, True)
@@ -159,7 +206,8 @@ def test_powersgd_state_dict_round_trip_continues_the_same_trajectory():
     saved_model, saved = copy.deepcopy(model.state_dict()), comp.state_dict()
     after, _, _, _ = distributed(2, 2, 0, True, True, model=model_from(saved_model),
                                  compression=comp, first_step=3)
-    comp2 = hvd.Compression.powersgd(matrix_approximation_rank=2, start_powerSGD_iter=0)
+    comp2 = hvd.Compression.powersgd(matrix_approximation_rank=2, start_powerSGD_iter=0,
+                                     adaptive=False)
     comp2.load_state_dict(saved)
     again, _, _, _ = distributed(2, 2, 0, True, True, model=model_from(saved_model),
                                  compression=comp2, first_step=3)
@@ -167,6 +215,88 @@ def test_powersgd_state_dict_round_trip_continues_the_same_trajectory():
         # (not bit-equal: a ring's order of summation follows a tensor's place in the fusion
         # buffer, which follows timing)
         assert torch.allclose(p, q, rtol=1e-10, atol=1e-12)
+
+
+def adaptive_powersgd(step_cost, block=2, blocks=2, interval=5, rank_r=2):
+    """An adaptive PowerSGD on a fake clock: a step costs ``step_cost(compressed)`` seconds."""
+    comp = hvd.Compression.powersgd(matrix_approximation_rank=rank_r, start_powerSGD_iter=0)
+    comp.PROBE_BLOCK, comp.PROBE_BLOCKS, comp.PROBE_INTERVAL = block, blocks, interval
+    comp.probe_interval = interval
+    now = [0.0]
+
+    def clock():  # called once per step, when it ends
+        now[0] += step_cost(comp._mode()[0])
+        return now[0]
+    comp.clock = clock
+    return comp
+
+
+def probe_modes(first_probe, decision, block=2, blocks=2, interval=5):
+    """The steps the policy compresses: a probe of ``blocks`` exact and compressed blocks
+    (exact first) from ``first_probe``, then ``decision`` until the next probe."""
+    length = 2 * block * blocks
+
+    def compress_at(step):
+        k = step - first_probe
+        if 0 <= k < length:
+            return (k // block) % 2 == 1
+        if k >= length + interval:
+            return ((k - length - interval) // block) % 2 == 1
+        return decision
+    return compress_at
+
+
+@pytest.mark.parametrize("compression_pays", [False, True])
+def test_adaptive_powersgd_follows_its_probe_and_keeps_every_error(compression_pays):
+    # Probe over steps 0-7 (blocks of 2: exact, compressed, exact, compressed), then the
+    # decision: compressed steps cost 2 s and exact ones 1 s, or the reverse. Every reduced
+    # gradient against the one-process reference run with the same steps compressed, where an
+    # exact step after compressed ones sends each rank's error with its gradient.
+    cost = (lambda c: 1.0 if c else 2.0) if compression_pays else (lambda c: 2.0 if c else 1.0)
+    comp = adaptive_powersgd(cost)
+    steps = 12
+    _, history, _, _ = distributed(steps, 2, 0, True, True, compression=comp)
+    interval = 10 if compression_pays else 5  # doubled when the decision stays, else reset
+    _, ref_history, _, _ = reference(hvd.size(), steps, 2, 0, True, True,
+                                     compress_at=probe_modes(0, compression_pays,
+                                                             interval=interval))
+    for step, (got, want) in enumerate(zip(history, ref_history)):
+        for name in want:
+            assert torch.allclose(got[name], want[name], atol=1e-5, rtol=1e-5), (step, name)
+    assert comp.decisions == [(8, 1000.0 if compression_pays else 2000.0,
+                               2000.0 if compression_pays else 1000.0, compression_pays)]
+    assert comp.compressing is compression_pays
+    assert comp.next_probe == 8 + interval
+    ranks = [torch.linalg.matrix_rank(h["fc1.weight"]).item() for h in history]
+    if compression_pays:
+        assert all(r <= 2 for r in ranks[8:])
+    else:
+        assert all(r > 2 for r in ranks[8:]) and comp.errors == {}
+    assert comp.state_dict()["adaptive"] == {"compressing": compression_pays,
+                                             "next_probe": 8 + interval,
+                                             "probe_interval": interval}
+
+
+def test_adaptive_powersgd_ranks_take_one_decision_from_the_slowest():
+    # Rank 0 finds compressed steps faster, every other rank slower: the job goes by its
+    # slowest rank's times (compressed 3 s against exact 2 s), and every rank decides alike.
+    fast = hvd.rank() == 0
+    comp = adaptive_powersgd(lambda c: (1.0 if fast else 3.0) if c else 2.0)
+    distributed(9, 2, 0, True, True, compression=comp)
+    assert comp.decisions == [(8, 3000.0, 2000.0, False)]
+    assert same_on_every_rank(comp.compressing) == [False] * hvd.size()
+
+
+def test_adaptive_powersgd_state_restarts_a_probe_under_way():
+    comp = adaptive_powersgd(lambda c: 1.0)
+    distributed(3, 2, 0, True, True, compression=comp)  # steps 0-2: inside the first probe
+    state = comp.state_dict()
+    other = hvd.Compression.powersgd(matrix_approximation_rank=2, start_powerSGD_iter=0)
+    other.load_state_dict(state)
+    assert (other.iter, other.next_probe, other.compressing) == (3, 3, True)
+    del state["adaptive"]  # a state saved before the policy existed: its defaults
+    other.load_state_dict(state)
+    assert other.iter == 3 and other.next_probe == 3
 
 
 def test_only_the_mean_error_matters():
