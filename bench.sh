@@ -208,20 +208,21 @@ print("FIGURE X1 name=scaling_1_to_2_hosts_%s p50_ms=%s baseline=1_host base_p50
       "ratio=%.3f target=none met=n/a" % (sys.argv[3], two["step_p50_ms"], one["step_p50_ms"], eff))
 PY
       echo "# gradient compression (PyPI's torch), $rate: a rank on 1 host, 2 hosts x 1, 2 x 2"
+      # Each host pinned to a core of its own (testbed.sh --pin), one torch thread per rank.
       # The MLP at 32 and 256 samples per rank (its compute grows, its gradient does not), the
-      # CNN at 64; one torch thread per rank.
+      # CNN at 64. Each job runs its configurations interleaved, $ROUNDS rounds (scaling.py).
+      scripts/testbed.sh down > /dev/null
+      scripts/testbed.sh up 2 --rate "$rate" --pin > /dev/null
       for model in mlp:32 mlp:256 cnn:64; do
-        m=(--model "${model%%:*}" --batch "${model##*:}")
+        m=(--model "${model%%:*}" --batch "${model##*:}" --rounds "$ROUNDS" "${XS[@]}")
         "${HOSTRUN[@]}" -np 1 -H hvd-h1:1 .venv-pypi/bin/python examples/bench/scaling.py \
-          "${m[@]}" "${XS[@]}" | sed -n "s/^SCALING/1x1 $rate &/p"
-        for comp in none fp16 bf16 powersgd; do
-          "${HOSTRUN[@]}" -np 2 -H hvd-h1:1,hvd-h2:1 .venv-pypi/bin/python \
-            examples/bench/scaling.py "${m[@]}" --compression "$comp" "${XS[@]}" |
-            sed -n "s/^SCALING/2x1 $rate &/p"
-          "${HOSTRUN[@]}" -np 4 -H hvd-h1:2,hvd-h2:2 .venv-pypi/bin/python \
-            examples/bench/scaling.py "${m[@]}" --compression "$comp" "${XS[@]}" |
-            sed -n "s/^SCALING/2x2 $rate &/p"
-        done
+          "${m[@]}" | sed -n "s/^SCALING/1x1 $rate &/p"
+        "${HOSTRUN[@]}" -np 2 -H hvd-h1:1,hvd-h2:1 .venv-pypi/bin/python \
+          examples/bench/scaling.py "${m[@]}" --compression lockstep,none,fp16,bf16,powersgd \
+          --powersgd-rank 1,4 | sed -n "s/^SCALING/2x1 $rate &/p"
+        "${HOSTRUN[@]}" -np 4 -H hvd-h1:2,hvd-h2:2 .venv-pypi/bin/python \
+          examples/bench/scaling.py "${m[@]}" --compression none,fp16,bf16,powersgd \
+          --powersgd-rank 1,4 | sed -n "s/^SCALING/2x2 $rate &/p"
       done | tee -a "$compression_runs"
       scripts/testbed.sh down > /dev/null
     done

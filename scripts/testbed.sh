@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A test bed of hosts on this machine, for multi-host work without a cluster.
 #
-#   testbed.sh up N [--rate RATE]   hosts hvd-h1 .. hvd-hN (2 <= N <= 16)
+#   testbed.sh up N [--rate RATE] [--pin]
+#                                   hosts hvd-h1 .. hvd-hN (2 <= N <= 16); --pin gives each
+#                                   host a core of its own (hvd-hi: core (i-1) mod cores)
 #   testbed.sh down                 removes everything `up` made (safe to run any time)
 #   testbed.sh exec HOST CMD...     runs CMD as on HOST (its network and its hostname)
 #   testbed.sh status               the hosts that are up, their addresses and sshd
@@ -34,6 +36,10 @@
 # /run/hvd-testbed/spark. With --gpus G each worker finds G GPUs through a discovery script
 # that reports fake addresses, different on each host (hvd-hN: 10N, 10N+1, ...), for testing
 # GPU placement without GPUs.
+#
+# --pin: every process of host hvd-hi (its sshd, so what ssh starts there, and `exec`) runs on
+# core (i-1) mod the machine's cores, as a host of its own would: without it the scheduler moves
+# two hosts' ranks onto one core at times, which a benchmark then counts as network cost.
 #
 # --rate RATE limits every host's outgoing traffic with `tc qdisc ... tbf` (e.g. 1gbit,
 # 10gbit): a link between two hosts then carries RATE each way. Needs root; installs
@@ -127,9 +133,10 @@ parse_rate_bits() {  # 1gbit / 500mbit / 10gbit / 100kbit -> bits per second
 cmd_up() {
   local n=${1:-}
   shift || true
-  local rate=""
+  local rate="" pin=0
   while [[ $# -gt 0 ]]; do
     case "$1" in
+      --pin) pin=1; shift ;;
       --rate) rate=${2:-}; [[ -n $rate ]] || die "--rate needs a value"; shift 2 ;;
       --rate=*) rate=${1#--rate=}; shift ;;
       *) die "up: unknown argument '$1'" ;;
@@ -195,7 +202,12 @@ MaxSessions 64
 ClientAliveInterval 3
 ClientAliveCountMax 3
 EOF
-    in_ns "$h" unshare --uts sh -c "hostname $h && exec /usr/sbin/sshd -f $STATE/sshd_config.$h -E $STATE/sshd-$h.log"
+    local pin_to=()
+    if (( pin )); then
+      echo $(( (i - 1) % $(nproc) )) > "$STATE/cpu-$h"
+      pin_to=(taskset -c "$(cat "$STATE/cpu-$h")")
+    fi
+    in_ns "$h" "${pin_to[@]}" unshare --uts sh -c "hostname $h && exec /usr/sbin/sshd -f $STATE/sshd_config.$h -E $STATE/sshd-$h.log"
   done
 
   cat > "$STATE/ssh_config" <<EOF
@@ -241,7 +253,9 @@ cmd_exec() {
   shift || true
   [[ -n $h && $# -gt 0 ]] || die "usage: testbed.sh exec HOST CMD..."
   ip netns list | awk '{print $1}' | grep -qx "$h" || die "no test host '$h' (testbed.sh up N)"
-  exec nsenter --net="/run/netns/$h" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$h" "$@"
+  local pin_to=()
+  [[ -f $STATE/cpu-$h ]] && pin_to=(taskset -c "$(cat "$STATE/cpu-$h")")
+  exec "${pin_to[@]}" nsenter --net="/run/netns/$h" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$h" "$@"
 }
 
 cmd_link() {
