@@ -48,11 +48,12 @@ PLAIN=(mpirun -np 2)
 if ((quick)); then
   AR=(--reps 8 --resnet-reps 4 --latency-reps 300 --idle-seconds 5); TL=(--blocks 10)
   ST=(--blocks 3 --steps 8); PP=(--reps 15); VH=(--reps 6 --blocks 3); ROUNDS=2
-  XR=(--reps 3 --resnet-reps 2); XS=(--steps 10); FTD=(--blocks 1 --steps 1)
+  XR=(--reps 3 --resnet-reps 2); XS=(--steps 10); FTD=(--blocks 1 --steps 1); ATS=(20 260 400)
   FTP=(--blocks 2 --steps 2); SM=(--warmup 1 --steps 2); DL=(--steps 2)
 else
   AR=(--reps 60 --resnet-reps 20); TL=(); ST=(--blocks 16); PP=(); VH=(); ROUNDS=3
   XR=(--reps 8 --resnet-reps 4); XS=(--steps 30)
+  ATS=(40 400 700)             # autotune: steps of a static run, the autotuned one, A3's
   FTD=(--blocks 2 --steps 2)   # Debian's torch: ~10 s a step
   FTP=(--blocks 3 --steps 4)   # PyPI's: ~1 s
   SM=()                        # sharded_memory.py's defaults: 2 warm-up + 4 timed steps
@@ -167,6 +168,33 @@ if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT;
       done
       python3 examples/bench/compare_horovod.py "$results"
     fi
+    # Autotuning (docs/autotune.md; FIGURE A1, A2): the ResNet-50 gradient mix and the MLP,
+    # PyPI's torch, 2 ranks. A grid of static settings (chunk x fusion threshold), the defaults
+    # before and after, and a run with HOROVOD_AUTOTUNE=1 (5-step samples): A1 its step time
+    # from step 200 on against the grid's best, A2 every 50-step window after its search ended
+    # against the defaults.
+    echo "# autotune: a grid of static settings, the defaults and HOROVOD_AUTOTUNE=1"
+    autotune_runs=$(mktemp) autotune_logs=()
+    for workload in resnet50 mlp; do
+      at=(examples/bench/autotune_bench.py --workload "$workload" --out "$autotune_runs")
+      "${MPIRUN[@]}" .venv-pypi/bin/python "${at[@]}" --steps "${ATS[0]}" --label defaults.1
+      for chunk in 262144 1048576 4194304 16777216; do
+        for fusion_mib in 4 16 64 128; do
+          "${MPIRUN[@]}" -x HOROVOD_COLLECTIVE_CHUNK_BYTES="$chunk" \
+            -x HOROVOD_FUSION_THRESHOLD=$((fusion_mib << 20)) .venv-pypi/bin/python "${at[@]}" \
+            --steps "${ATS[0]}" --label "grid:chunk=$chunk,fusion=${fusion_mib}MiB"
+        done
+      done
+      log=$(mktemp --suffix=.csv)
+      autotune_logs+=(--log "autotune.$workload=$log")
+      "${MPIRUN[@]}" -x HOROVOD_AUTOTUNE=1 -x HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE=5 \
+        -x HOROVOD_AUTOTUNE_LOG="$log" .venv-pypi/bin/python "${at[@]}" --steps "${ATS[1]}" \
+        --label "autotune.$workload"
+      "${MPIRUN[@]}" .venv-pypi/bin/python "${at[@]}" --steps "${ATS[0]}" --label defaults.2
+      grep -h "^#" "$log" | sed "s/^/# autotune.$workload: /"
+    done
+    python3 examples/bench/autotune_summary.py "$autotune_runs" "${autotune_logs[@]}"
+    rm -f "$autotune_runs"
   fi  # !only_hosts
   if ((hosts)); then
     # Jobs start from hvd-h1 (the machine has no address on the test network). One rank per
@@ -228,6 +256,44 @@ PY
     done
     python3 examples/bench/compression_summary.py < "$compression_runs"
     rm -f "$compression_runs"
+
+    # Autotuning when the link changes (FIGURE A3): 2 hosts x 1 rank at 10 Gbit/s, the MLP with
+    # HOROVOD_AUTOTUNE=1; once its search has ended, both links drop to 1 Gbit/s (bounded wait:
+    # 120 s). It must search again ("searching again" in its log after the change).
+    echo "# autotune across 2 test hosts, the links going from 10 to 1 Gbit/s mid-run"
+    scripts/testbed.sh up 2 --rate 10gbit --pin > /dev/null
+    log=/tmp/hvd-autotune-link.$$.csv
+    rm -f "$log"
+    "${HOSTRUN[@]}" -np 2 -H hvd-h1:1,hvd-h2:1 -x HOROVOD_AUTOTUNE=1 \
+      -x HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE=5 -x HOROVOD_AUTOTUNE_LOG="$log" \
+      .venv-pypi/bin/python examples/bench/autotune_bench.py --workload mlp \
+      --steps "${ATS[2]}" --label link > /dev/null &
+    job=$!
+    changed_at=""
+    for _ in $(seq 1 240); do
+      if grep -q "^# best:" "$log" 2>/dev/null; then
+        changed_at=$(grep -c "^[0-9]" "$log")
+        scripts/testbed.sh rate hvd-h1 1gbit && scripts/testbed.sh rate hvd-h2 1gbit
+        break
+      fi
+      sleep 0.5
+    done
+    wait "$job" || true
+    scripts/testbed.sh down > /dev/null
+    python3 - "$log" "${changed_at:-}" <<'PY'
+import sys
+lines = open(sys.argv[1]).read().splitlines() if sys.argv[2] else []
+samples = [l for l in lines if l[:1].isdigit()]
+changed = int(sys.argv[2]) if sys.argv[2] else None
+retuned = [i for i, l in enumerate(lines) if "searching again" in l]
+bests = [l[len("# best: "):] for l in lines if l.startswith("# best: ")]
+ok = changed is not None and bool(retuned)
+print("FIGURE A3 name=autotune_retunes_when_the_link_changes samples=%d changed_after_sample=%s "
+      "retuned=%s best_before=[%s] best_after=[%s] target=retunes met=%s"
+      % (len(samples), changed, "yes" if retuned else "no", bests[0] if bests else "",
+         bests[1] if len(bests) > 1 else "", "yes" if ok else "no"))
+PY
+    rm -f "$log"
   fi
   if [[ -x build/examples/bench/nccl_bench ]]; then  # NCCL builds; skips, saying so, without a GPU
     echo "# CUDA tensors: horovod_cpp's NCCL path vs raw NCCL calls (one rank per GPU)"

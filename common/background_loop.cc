@@ -224,6 +224,7 @@ Status BackgroundLoop::Initialize() {
   executor_ = std::make_unique<OpExecutor>(backend_.get(), sets_, counters_, timeline_.get(),
                                            config_.collective_chunk_bytes, device_.get());
   HVD_RETURN_IF_ERROR(controller_->CreateStaticProcessSets(options_.process_sets));
+  if (config_.autotune) HVD_RETURN_IF_ERROR(StartAutotune());
   if (timeline_ && !config_.timeline_path.empty() && config_.timeline_path != "DYNAMIC") {
     Status started = StartTimeline(config_.timeline_path, config_.timeline_mark_cycles);
     if (!started.ok()) {
@@ -267,14 +268,67 @@ Status BackgroundLoop::StartWatchdog() {
   return watchdog_ ? watchdog_->SetTable(table) : Status::OK();
 }
 
+Status BackgroundLoop::StartAutotune() {
+  // Hierarchical allreduce is a candidate where the backend has it and every host runs the
+  // same number of ranks (>1) on several hosts. UseHierarchical is collective and its answer
+  // the same everywhere; then the configured state is restored.
+  const bool alike = backend_->UseHierarchical(true, false).empty();
+  backend_->UseHierarchical(config_.hierarchical_allreduce, config_.hierarchical_allgather);
+  Autotuner::Options o;
+  o.rank = topology_.rank;
+  o.warmup_samples = static_cast<int>(config_.autotune_warmup_samples);
+  o.steps_per_sample = static_cast<int>(config_.autotune_steps_per_sample);
+  o.max_samples = static_cast<int>(config_.autotune_bayes_opt_max_samples);
+  o.tune_hierarchical = alike && topology_.cross_size > 1 && topology_.local_size > 1;
+  const std::pair<const char*, const char*> fixed[] = {
+      {"HOROVOD_FUSION_THRESHOLD", "fusion"}, {"HOROVOD_COLLECTIVE_CHUNK_BYTES", "chunk"},
+      {"HOROVOD_CYCLE_TIME", "cycle"},        {"HOROVOD_CACHE_CAPACITY", "cache"},
+      {"HOROVOD_HIERARCHICAL_ALLREDUCE", "hierarchical"}};
+  for (const auto& [variable, knob] : fixed) {
+    if (config_.SetInEnv(variable)) o.fixed.push_back(knob);
+  }
+  if (topology_.rank == 0) o.log_path = config_.autotune_log;
+  running_knobs_.fusion_threshold_bytes = config_.fusion_threshold_bytes;
+  running_knobs_.chunk_bytes = config_.collective_chunk_bytes;
+  running_knobs_.cycle_time_ms = config_.cycle_time_ms;
+  running_knobs_.cache = config_.cache_capacity > 0;
+  running_knobs_.hierarchical_allreduce = config_.hierarchical_allreduce && alike;
+  autotuner_ = std::make_unique<Autotuner>(std::move(o), running_knobs_);
+  counters_->PublishKnobs(running_knobs_, 0);
+  return Status::OK();
+}
+
+Status BackgroundLoop::ApplyTunedKnobs() {
+  std::optional<CollectiveWatchdog::Scope> watch = Watch(nullptr);
+  HVD_ASSIGN_OR_RETURN(
+      TunedKnobs k, autotuner_->Exchange([this](std::vector<uint8_t>* bytes) {
+        return backend_->BroadcastBytes(bytes, 0);
+      }));
+  // Every collective of the cycle has completed: nothing uses a buffer or the cache now.
+  config_.fusion_threshold_bytes = k.fusion_threshold_bytes;
+  config_.collective_chunk_bytes = k.chunk_bytes;
+  executor_->set_chunk_bytes(k.chunk_bytes);
+  config_.cycle_time_ms = k.cycle_time_ms;
+  if (k.cache != running_knobs_.cache) {
+    controller_->ResetCache(k.cache ? static_cast<uint32_t>(config_.cache_capacity) : 0);
+  }
+  if (k.hierarchical_allreduce != running_knobs_.hierarchical_allreduce) {
+    backend_->UseHierarchical(k.hierarchical_allreduce, config_.hierarchical_allgather);
+  }
+  running_knobs_ = k;
+  counters_->PublishKnobs(k, static_cast<uint64_t>(autotuner_->samples_ended()));
+  return Status::OK();
+}
+
 Status BackgroundLoop::Loop() {
-  const auto cycle_time = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
   size_t outstanding = 0;
   bool idle = true, follow_up = false;
   auto last_cycle = std::chrono::steady_clock::now();
 
   while (true) {
+    // (read each cycle: the autotuner may change it)
+    const auto cycle_time = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
     if (!follow_up) {
       queue_->WaitForWork(
           last_cycle + (idle ? std::chrono::steady_clock::duration(kIdleWait) : cycle_time),
@@ -317,6 +371,10 @@ Status BackgroundLoop::Loop() {
       }();
       if (!done.ok()) return done.status();
       outstanding -= *done;
+    }
+    // The responses are the same on every rank, so every rank ends a sample at this cycle.
+    if (autotuner_ && autotuner_->Observe(outcome->responses, std::chrono::steady_clock::now())) {
+      HVD_RETURN_IF_ERROR(ApplyTunedKnobs());
     }
     if (outcome->shutdown) {
       const std::string& reason = outcome->shutdown_reason;

@@ -36,6 +36,7 @@
 #include <thread>
 
 #include "base/mutex.h"
+#include "common/autotune.h"
 #include "common/collective_watchdog.h"
 #include "common/config.h"
 #include "common/counters.h"
@@ -102,6 +103,12 @@ class BackgroundLoop {
   }
   // Runs one agreed group; returns how many of this rank's entries it completed.
   Result<size_t> Execute(const Response& group, const std::vector<int32_t>* rows);
+  // HOROVOD_AUTOTUNE: makes the autotuner (collective: every rank asks the backend whether
+  // the hosts allow hierarchical allreduce).
+  Status StartAutotune();
+  // At the end of an autotune sample, between cycles (collective): takes rank 0's knobs and
+  // applies them.
+  Status ApplyTunedKnobs();
   void Finish(const Status& why);
 
   TensorQueue* queue_;
@@ -118,6 +125,8 @@ class BackgroundLoop {
   std::unique_ptr<Controller> controller_;
   std::unique_ptr<OpExecutor> executor_;
   std::unique_ptr<CollectiveWatchdog> watchdog_;  // null when the timeout is off or size is 1
+  std::unique_ptr<Autotuner> autotuner_;          // null unless HOROVOD_AUTOTUNE
+  TunedKnobs running_knobs_;                      // what the loop runs with (autotune)
   std::thread thread_;
 
   mutable Mutex mu_;

@@ -107,6 +107,8 @@ const char* KindName(KnobKind kind) {
       return "milliseconds";
     case KnobKind::kSeconds:
       return "seconds";
+    case KnobKind::kReal:
+      return "number";
     case KnobKind::kBool:
       return "bool";
     case KnobKind::kLogLevel:
@@ -129,7 +131,8 @@ Result<KnobValue<K>> Parse(const KnobSpec& s, const std::string& raw) {
   } else if constexpr (K == KnobKind::kInteger) {
     return ParseInt(s.name, raw, static_cast<int64_t>(s.min), static_cast<int64_t>(s.max),
                     "entries");
-  } else if constexpr (K == KnobKind::kMilliseconds || K == KnobKind::kSeconds) {
+  } else if constexpr (K == KnobKind::kMilliseconds || K == KnobKind::kSeconds ||
+                       K == KnobKind::kReal) {
     return ParseDouble(s.name, raw, s.min, s.max, KindName(K));
   } else if constexpr (K == KnobKind::kBool) {
     return ParseBool(s.name, raw);
@@ -229,7 +232,9 @@ std::string RangeText(KnobKind kind, double lo, double hi, const char* note) {
       break;
   }
   std::string text = ShowBound(kind, lo) + " .. " + ShowBound(kind, hi);
-  if (kind == KnobKind::kMilliseconds || kind == KnobKind::kSeconds) text += ", fractional";
+  if (kind == KnobKind::kMilliseconds || kind == KnobKind::kSeconds || kind == KnobKind::kReal) {
+    text += ", fractional";
+  }
   if (*note) text += std::string("; 0 = ") + note;
   return text;
 }
@@ -301,6 +306,7 @@ Result<Config> Config::FromEnv(const EnvLookup& getenv) {
     std::optional<std::string> value = lookup(knob.spec.name);
     if (!value || value->empty()) continue;
     HVD_RETURN_IF_ERROR(knob.apply(knob.spec, *value, &config));
+    config.set_in_env.push_back(knob.spec.name);
   }
   if (config.stall_check_disabled) {
     config.stall_check_time_seconds = 0;
@@ -342,8 +348,13 @@ Status Config::AgreeWithRank0(const std::function<Status(std::vector<uint8_t>*)>
                      << differed;
   }
   agreed.warnings = warnings;
+  agreed.set_in_env = set_in_env;
   *this = std::move(agreed);
   return Status::OK();
+}
+
+bool Config::SetInEnv(const char* name) const {
+  return std::find(set_in_env.begin(), set_in_env.end(), name) != set_in_env.end();
 }
 
 const std::vector<KnobSpec>& KnobTable() {
@@ -377,13 +388,6 @@ struct ForeignSetting {
   const char* advice;
 };
 constexpr ForeignSetting kHorovodSettings[] = {
-    {"HOROVOD_AUTOTUNE",
-     "there is no autotuner; set HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME directly"},
-    {"HOROVOD_AUTOTUNE_LOG", "there is no autotuner"},
-    {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "there is no autotuner"},
-    {"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "there is no autotuner"},
-    {"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "there is no autotuner"},
-    {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "there is no autotuner"},
     {"HOROVOD_GPU_OPERATIONS", "CUDA tensors always go through NCCL"},
     {"HOROVOD_GPU_ALLREDUCE", "CUDA tensors always go through NCCL"},
     {"HOROVOD_GPU_ALLGATHER", "CUDA tensors always go through NCCL"},
@@ -394,7 +398,8 @@ constexpr ForeignSetting kHorovodSettings[] = {
     {"HOROVOD_ENABLE_ASYNC_COMPLETION", "CUDA operations always complete asynchronously"},
     {"HOROVOD_BATCH_D2D_MEMCOPIES", "the setting is ignored"},
     {"HOROVOD_DISABLE_GROUP_FUSION", "grouped members are fused like other tensors"},
-    {"HOROVOD_ADASUM_MPI_CHUNK_SIZE", "Adasum is not supported"},
+    {"HOROVOD_ADASUM_MPI_CHUNK_SIZE",
+     "Adasum gathers every rank's tensor through the fused allgather (docs/adasum.md)"},
     {"HOROVOD_MPI_THREADS_DISABLE", "MPI is initialised with MPI_THREAD_MULTIPLE when asked"},
     {"HOROVOD_LOG_HIDE_TIME", "log lines carry no time stamp"},
     {"HOROVOD_GLOO_RENDEZVOUS_ADDR", "there is no Gloo backend; launch with mpirun or hvdrun"},

@@ -20,7 +20,9 @@
 
 namespace hvd {
 
-enum class KnobKind { kBytes, kInteger, kMilliseconds, kSeconds, kBool, kLogLevel, kPath, kCpuList };
+enum class KnobKind {
+  kBytes, kInteger, kMilliseconds, kSeconds, kReal, kBool, kLogLevel, kPath, kCpuList
+};
 enum KnobAgreement : bool { kLocal = false, kAgree = true };
 
 // The C++ type of a knob of kind K.
@@ -29,7 +31,8 @@ struct KnobTraits {
   using type = std::conditional_t<
       K == KnobKind::kBytes || K == KnobKind::kInteger, int64_t,
       std::conditional_t<
-          K == KnobKind::kMilliseconds || K == KnobKind::kSeconds, double,
+          K == KnobKind::kMilliseconds || K == KnobKind::kSeconds || K == KnobKind::kReal,
+          double,
           std::conditional_t<K == KnobKind::kBool, bool,
                              std::conditional_t<K == KnobKind::kLogLevel, LogLevel,
                                                 std::string>>>>;
@@ -46,6 +49,9 @@ struct Config {
 
   // Non-fatal remarks found while parsing (logged by Init).
   std::vector<std::string> warnings;
+  // The variables FromEnv found set (this rank's; the autotuner leaves those knobs alone).
+  std::vector<std::string> set_in_env;
+  bool SetInEnv(const char* name) const;
 
   // Reads the knobs through `getenv` (defaults to std::getenv). Unset or empty variables keep
   // their defaults. HOROVOD_STALL_CHECK_DISABLE sets both stall times to 0.

@@ -189,6 +189,11 @@ Result<CycleOutcome> Controller::RunCycle(std::vector<Request> new_requests,
   return outcome;
 }
 
+void Controller::ResetCache(uint32_t capacity) {
+  cache_ = ResponseCache(capacity);
+  counters_->cache_entries.store(0, std::memory_order_relaxed);
+}
+
 bool Controller::Recording() {
   if (timeline_ == nullptr || !timeline_->enabled()) return false;
   if (timeline_->session() != timeline_session_) {  // a new file: earlier spans are closed

@@ -108,6 +108,10 @@ class Controller {
   // Applies an agreed kProcessSetAdd or kProcessSetRemove to the table and the host backend.
   // Returns the id added or removed; the caller drops what else belongs to a removed set.
   Result<int32_t> ChangeProcessSets(const Response& group);
+  // Replaces the response cache with an empty one of `capacity` entries (0: off). Every rank
+  // calls it between the same two cycles (the autotuner's exchange); a tensor waiting on the
+  // fast path is then negotiated through rank 0 in the next cycle, on every rank alike.
+  void ResetCache(uint32_t capacity);
 
  private:
   struct PendingHit {

@@ -152,6 +152,7 @@ struct Stats {
   uint64_t cache_hits = 0;          // tensors negotiated through the bit-vector fast path
   uint64_t coordinator_rounds = 0;  // cycles that gathered requests at rank 0
   uint64_t allreduce_calls = 0;     // data-plane collectives issued, by kind
+  uint64_t hierarchical_allreduce_calls = 0;  // ... of which host allreduces went hierarchical
   uint64_t broadcast_calls = 0;
   uint64_t allgather_calls = 0;
   uint64_t alltoall_calls = 0;
@@ -165,6 +166,14 @@ struct Stats {
   uint64_t reserved_names = 0;       // names submitted whose handle is not yet waited for
   uint64_t cache_entries = 0;        // response-cache entries
   uint64_t coordinator_pending = 0;  // tensors rank 0 is negotiating (0 on other ranks)
+  // HOROVOD_AUTOTUNE: samples ended so far (warm-up included), and the values the loop runs
+  // with now (the same on every rank after each sample); -1 without autotuning.
+  uint64_t autotune_samples = 0;
+  int64_t fusion_threshold_bytes = -1;
+  int64_t collective_chunk_bytes = -1;
+  int64_t cycle_time_us = -1;
+  int64_t cache_on = -1;
+  int64_t hierarchical_allreduce = -1;
 };
 
 // ---- lifecycle and topology ---------------------------------------------------------------

@@ -58,6 +58,13 @@ int64_t OpExecutor::ChunkElements(DataType dtype) const {
   return std::max<int64_t>(1, chunk_bytes_ / DataTypeSize(dtype));
 }
 
+void OpExecutor::CountAllreduce(int32_t ps) {
+  counters_->allreduce_calls.fetch_add(1, std::memory_order_relaxed);
+  if (backend_->HierarchicalAllreduce(ps)) {
+    counters_->hierarchical_allreduce_calls.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
 uint8_t* OpExecutor::Buffer(int which, int64_t bytes) {
   if (bytes > buffer_bytes_[which]) {
     constexpr int64_t kAlign = 64;
@@ -161,7 +168,7 @@ Status OpExecutor::ReduceDirect(const Response& r, const Set& set, size_t index,
     for (int64_t off = 0; off < n; off += chunk) {
       const int64_t m = std::min(chunk, n - off);
       std::memset(zeros, 0, static_cast<size_t>(m * elem));
-      counters_->allreduce_calls.fetch_add(1, std::memory_order_relaxed);
+      CountAllreduce(r.process_set_id);
       auto scope = Collective(OpType::kAllreduce, index, index + 1);
       HVD_RETURN_IF_ERROR(backend_->Allreduce(r.process_set_id, nullptr, zeros, m, dtype, op));
     }
@@ -179,7 +186,7 @@ Status OpExecutor::ReduceDirect(const Response& r, const Set& set, size_t index,
       if (!aliased) Copy(out + at, in + at, m * elem);
       ops::ScaleBuffer(out + at, m, dtype, r.prescale_factor);
     }
-    counters_->allreduce_calls.fetch_add(1, std::memory_order_relaxed);
+    CountAllreduce(r.process_set_id);
     {
       auto scope = Collective(OpType::kAllreduce, index, index + 1);
       HVD_RETURN_IF_ERROR(backend_->Allreduce(
@@ -222,7 +229,7 @@ Status OpExecutor::ReducePacked(const Response& r, const Set& set,
       }
       ops::ScaleBuffer(buf, hi - lo, dtype, r.prescale_factor);
     }
-    counters_->allreduce_calls.fetch_add(1, std::memory_order_relaxed);
+    CountAllreduce(r.process_set_id);
     {
       auto scope = Collective(OpType::kAllreduce, row_lo, row_hi);
       HVD_RETURN_IF_ERROR(backend_->Allreduce(r.process_set_id, nullptr, buf, hi - lo, dtype, op));

@@ -56,6 +56,10 @@ class OpExecutor {
   OpExecutor(const OpExecutor&) = delete;
   OpExecutor& operator=(const OpExecutor&) = delete;
 
+  // The bound on each collective call from the next response on (the autotuner). Between
+  // responses only: the buffers grow, never shrink, and only before the call that uses them.
+  void set_chunk_bytes(int64_t chunk_bytes) { chunk_bytes_ = chunk_bytes; }
+
   // `entries` are this rank's tensors, in response.tensor_names order. For allreduce an entry
   // with null data stands for a rank that has joined: it contributes zeros and receives
   // nothing. The returned status is what every entry completes with. `rows`, when recording,
@@ -139,6 +143,8 @@ class OpExecutor {
   // Host scratch region `which` (0 or 1) of at least `bytes`, 64-byte aligned, kept across
   // calls.
   uint8_t* Buffer(int which, int64_t bytes);
+  // Counts one host allreduce call on set `ps` (and whether it is hierarchical).
+  void CountAllreduce(int32_t ps);
 
   ops::Backend* backend_;
   ops::DeviceCollectives* device_;

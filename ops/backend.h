@@ -47,14 +47,18 @@ class Backend {
   // Releases everything Initialize created (and finalises MPI if Initialize started it).
   virtual Status Finalize() = 0;
   virtual const Topology& topology() const = 0;
-  // Asks for the hierarchical algorithms (HOROVOD_HIERARCHICAL_ALLREDUCE / _ALLGATHER) on the
-  // global process set; every rank calls it after Init with the same (agreed) values. Returns
-  // a warning for the log when one cannot be used (e.g. hosts with different numbers of
-  // ranks: the flat algorithm stays), identical on every rank; empty when all is well.
+  // Asks for the hierarchical algorithms (HOROVOD_HIERARCHICAL_ALLREDUCE / _ALLGATHER): the
+  // allreduce on every process set whose hosts run the same number of its ranks, the allgather
+  // on the global set. Every rank calls it at the same point (after Init, and when the
+  // autotuner switches) with the same values. Returns a warning for the log when the global set
+  // cannot use one (e.g. hosts with different numbers of ranks: the flat algorithm stays),
+  // identical on every rank; empty when all is well.
   virtual std::string UseHierarchical(bool allreduce, bool allgather) {
     return allreduce || allgather ? std::string(name()) + " has no hierarchical collectives"
                                   : std::string();
   }
+  // Whether Allreduce on process set `ps` takes the hierarchical algorithm (this rank a member).
+  virtual bool HierarchicalAllreduce(int32_t /*ps*/) const { return false; }
   // Ends the whole job as fast as the transport can (MPI_Abort), from any thread; it may not
   // return. Used by the collective timeout. The default ends this process only.
   virtual void Abort(int code) { std::_Exit(code); }

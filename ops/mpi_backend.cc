@@ -168,6 +168,8 @@ class MpiBackend final : public Backend {
       if (id != kGlobalProcessSetId && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
     }
     sets_.clear();
+    for (auto& [id, layout] : set_hosts_) layout.Free();
+    set_hosts_.clear();
     for (MPI_Comm* c : {&control_, &cross_, &local_, &world_}) {
       if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
     }
@@ -236,6 +238,7 @@ class MpiBackend final : public Backend {
     HVD_MPI_CHECK(MPI_Comm_split(world_, member ? 0 : MPI_UNDEFINED, topo_.rank, &comm));
     if (comm != MPI_COMM_NULL) HVD_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
     sets_[id] = comm;
+    if (hier_requested_ && comm != MPI_COMM_NULL) HVD_RETURN_IF_ERROR(SplitByHost(id, comm));
     return Status::OK();
   }
 
@@ -246,6 +249,11 @@ class MpiBackend final : public Backend {
     }
     if (it->second != MPI_COMM_NULL) MPI_Comm_free(&it->second);
     sets_.erase(it);
+    auto hosts = set_hosts_.find(id);
+    if (hosts != set_hosts_.end()) {
+      hosts->second.Free();
+      set_hosts_.erase(hosts);
+    }
     return Status::OK();
   }
 
@@ -258,7 +266,13 @@ class MpiBackend final : public Backend {
     const MPI_Datatype mpi_type = MpiType(dtype);
     const int64_t elem = DataTypeSize(dtype);
     if (ps == kGlobalProcessSetId && hier_allreduce_) {
-      return HierarchicalAllreduce(send, recv, count, elem, mpi_type, mpi_op);
+      return RunHierarchicalAllreduce(local_, cross_, topo_.local_rank, topo_.local_size, send, recv,
+                                   count, elem, mpi_type, mpi_op);
+    }
+    if (ps != kGlobalProcessSetId && HierarchicalAllreduce(ps)) {
+      const SetHosts& h = set_hosts_.at(ps);
+      return RunHierarchicalAllreduce(h.local, h.cross, h.local_rank, h.local_size, send, recv, count,
+                                   elem, mpi_type, mpi_op);
     }
     const bool in_place = send == nullptr || send == recv;
     for (int64_t done = 0; done < count; done += kMaxCountPerCall) {
@@ -476,8 +490,28 @@ class MpiBackend final : public Backend {
     return Status::OK();
   }
 
+  bool HierarchicalAllreduce(int32_t ps) const override {
+    if (ps == kGlobalProcessSetId) return hier_allreduce_;
+    if (!hier_requested_) return false;
+    auto it = set_hosts_.find(ps);
+    return it != set_hosts_.end() && it->second.use;
+  }
+
   std::string UseHierarchical(bool allreduce, bool allgather) override {
     hier_allreduce_ = hier_allgather_ = false;
+    hier_requested_ = allreduce;
+    if (allreduce) {
+      // The process sets' host communicators, made once (collective over each set's members;
+      // every rank walks the sets in the same id order).
+      for (auto& [id, comm] : sets_) {
+        if (id == kGlobalProcessSetId || comm == MPI_COMM_NULL || set_hosts_.count(id)) continue;
+        Status made = SplitByHost(id, comm);
+        if (!made.ok()) {
+          HVD_LOG(WARNING) << "process set " << id << ": " << made.message()
+                           << "; its allreduce stays flat";
+        }
+      }
+    }
     if (!allreduce && !allgather) return std::string();
     // Every host the same number of ranks (min == max); each host's ranks consecutive.
     const int L = topo_.local_size;
@@ -505,11 +539,55 @@ class MpiBackend final : public Backend {
     return warning;
   }
 
+  // A process set's ranks by host: `local` (its ranks on this host) and `cross` (its ranks of
+  // this local rank, one per host). `use`: every host runs the same number of the set's ranks,
+  // more than one, on more than one host.
+  struct SetHosts {
+    MPI_Comm local = MPI_COMM_NULL, cross = MPI_COMM_NULL;
+    int local_rank = 0, local_size = 1, cross_size = 1;
+    bool use = false;
+    void Free() {
+      for (MPI_Comm* c : {&local, &cross}) {
+        if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+      }
+    }
+  };
+
+  // Collective over the members of set `id` (`comm`).
+  Status SplitByHost(int32_t id, MPI_Comm comm) {
+    SetHosts h;
+    int rank = 0;
+    HVD_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    HVD_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &h.local));
+    HVD_MPI_CHECK(MPI_Comm_rank(h.local, &h.local_rank));
+    HVD_MPI_CHECK(MPI_Comm_size(h.local, &h.local_size));
+    HVD_MPI_CHECK(MPI_Comm_split(comm, h.local_rank, rank, &h.cross));
+    HVD_MPI_CHECK(MPI_Comm_size(h.cross, &h.cross_size));
+    for (MPI_Comm c : {h.local, h.cross}) HVD_MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
+    int v[3] = {h.local_size, -h.local_size, -h.cross_size};  // min, max local size; hosts
+    HVD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_INT, MPI_MIN, comm));
+    h.use = v[0] == -v[1] && v[0] > 1 && -v[2] > 1;
+    if (rank == 0) {
+      if (h.use) {
+        HVD_LOG(INFO) << "process set " << id << ": hierarchical allreduce on " << -v[2]
+                      << " hosts x " << v[0] << " ranks";
+      } else {
+        HVD_LOG(INFO) << "process set " << id << ": flat allreduce (" << -v[2]
+                      << (-v[2] == 1 ? " host" : " hosts") << " with " << v[0]
+                      << (v[0] == -v[1] ? "" : " to " + std::to_string(-v[1]))
+                      << " of its ranks each)";
+      }
+    }
+    set_hosts_[id] = h;
+    return Status::OK();
+  }
+
   // Reduce-scatter within the host, allreduce of each slice across hosts (among the ranks of
   // one local rank), allgather within the host. Each host sends its buffer across once.
-  Status HierarchicalAllreduce(const void* send, void* recv, int64_t count, int64_t elem,
+  Status RunHierarchicalAllreduce(MPI_Comm local, MPI_Comm cross, int local_rank, int local_size,
+                               const void* send, void* recv, int64_t count, int64_t elem,
                                MPI_Datatype t, MPI_Op op) {
-    const int L = topo_.local_size;
+    const int L = local_size;
     std::vector<int> counts(static_cast<size_t>(L)), displs(static_cast<size_t>(L));
     const bool in_place = send == nullptr || send == recv;
     for (int64_t done = 0; done < count; done += kMaxCountPerCall) {
@@ -519,14 +597,14 @@ class MpiBackend final : public Backend {
         displs[static_cast<size_t>(i)] =
             i == 0 ? 0 : displs[static_cast<size_t>(i - 1)] + counts[static_cast<size_t>(i - 1)];
       }
-      const int mine = counts[static_cast<size_t>(topo_.local_rank)];
+      const int mine = counts[static_cast<size_t>(local_rank)];
       slice_.resize(static_cast<size_t>(std::max(mine, 1) * elem));
       char* r = static_cast<char*>(recv) + done * elem;
       const char* s = in_place ? r : static_cast<const char*>(send) + done * elem;
-      HVD_MPI_CHECK(MPI_Reduce_scatter(s, slice_.data(), counts.data(), t, op, local_));
-      HVD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, slice_.data(), mine, t, op, cross_));
+      HVD_MPI_CHECK(MPI_Reduce_scatter(s, slice_.data(), counts.data(), t, op, local));
+      HVD_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, slice_.data(), mine, t, op, cross));
       HVD_MPI_CHECK(
-          MPI_Allgatherv(slice_.data(), mine, t, r, counts.data(), displs.data(), t, local_));
+          MPI_Allgatherv(slice_.data(), mine, t, r, counts.data(), displs.data(), t, local));
     }
     return Status::OK();
   }
@@ -618,6 +696,8 @@ class MpiBackend final : public Backend {
   MPI_Op op16_max_ = MPI_OP_NULL;
   MPI_Op op16_prod_ = MPI_OP_NULL;
   bool hier_allreduce_ = false;  // UseHierarchical: hosts alike
+  bool hier_requested_ = false;  // hierarchical allreduce asked for (process sets: set_hosts_)
+  std::map<int32_t, SetHosts> set_hosts_;  // process sets (not the global one)
   bool hier_allgather_ = false;  // ... and each host's ranks consecutive
   std::vector<char> slice_;      // this rank's slice in a hierarchical allreduce
 };

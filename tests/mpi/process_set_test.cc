@@ -6,7 +6,11 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <set>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -114,6 +118,101 @@ TEST(ProcessSets, ATensorWaitingInOneSetHoldsUpNoOtherSet) {
   }
   ASSERT_TRUE(RemoveProcessSet(*evens).ok());
   ASSERT_TRUE(RemoveProcessSet(*odds).ok());
+}
+
+// HOROVOD_HIERARCHICAL_ALLREDUCE applies to process sets too (run so across test hosts by
+// tests/multihost/run.sh): a set whose hosts each run the same number (> 1) of its ranks, on
+// more than one host, reduces hierarchically; any other set flat. The test works out which
+// from every rank's host name, independently of the runtime, and checks the sums either way.
+TEST(ProcessSets, HierarchicalAllreduceWhereTheSetsHostsAreAlike) {
+  char name[MPI_MAX_PROCESSOR_NAME] = {0};
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  std::vector<char> names(static_cast<size_t>(N()) * MPI_MAX_PROCESSOR_NAME);
+  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME,
+                MPI_CHAR, MPI_COMM_WORLD);
+  auto host = [&](int r) {
+    return std::string(&names[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
+  };
+  // Ranks per host of a set: (fewest, most, hosts).
+  auto layout = [&](const std::vector<int>& ranks) {
+    std::map<std::string, int> per_host;
+    for (int r : ranks) ++per_host[host(r)];
+    int lo = N(), hi = 0;
+    for (const auto& [h, n] : per_host) lo = std::min(lo, n), hi = std::max(hi, n);
+    return std::make_tuple(lo, hi, static_cast<int>(per_host.size()));
+  };
+  std::vector<int> all, first_of_each_host, two_of_each_host, all_but_last, all_but_last_host;
+  std::map<std::string, int> taken;
+  for (int r = 0; r < N(); ++r) {
+    all.push_back(r);
+    const int k = taken[host(r)]++;
+    if (k == 0) first_of_each_host.push_back(r);
+    if (k < 2) two_of_each_host.push_back(r);
+    if (r + 1 < N()) all_but_last.push_back(r);
+    if (host(r) != host(N() - 1)) all_but_last_host.push_back(r);
+  }
+  const bool requested = EnvIs("HOROVOD_HIERARCHICAL_ALLREDUCE", "1");
+  struct Case {
+    std::vector<int> ranks;
+    bool global;
+  };
+  std::vector<Case> cases = {{all, true}, {first_of_each_host, false}, {all_but_last, false}};
+  if (two_of_each_host != all) cases.push_back({two_of_each_host, false});
+  // (3 hosts x 2: the first two hosts' ranks, a set that goes hierarchical)
+  if (!all_but_last_host.empty()) cases.push_back({all_but_last_host, false});
+  for (const Case& c : cases) {
+    const std::vector<int>& ranks = c.ranks;
+    int32_t id = kGlobalProcessSetId;
+    if (!c.global) {
+      Result<int32_t> added = AddProcessSet(ranks);
+      ASSERT_TRUE(added.ok()) << added.status().ToString();
+      id = *added;
+    }
+    // The global set: every host the same number of ranks. Another set: that, more than one
+    // rank a host, more than one host.
+    const auto [lo, hi, hosts] = layout(ranks);
+    const bool expected =
+        requested && lo == hi && (c.global || (lo > 1 && hosts > 1));
+    const bool member = std::find(ranks.begin(), ranks.end(), R()) != ranks.end();
+    if (member) {
+      Result<Stats> before = GetStats();
+      ASSERT_TRUE(before.ok());
+      // 3000 floats (slices per local rank that do not divide evenly) and, in place, 7.
+      std::vector<float> in(3000), out(3000), small(7);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>((R() + 1) * (i % 11));
+      for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<float>(R() * 100 + i);
+      Result<Handle> a = EnqueueAllreduce(TensorView{in.data(), DataType::kFloat32, {3000}},
+                                          TensorView{out.data(), DataType::kFloat32, {3000}},
+                                          "hier.big", {ReduceOp::kSum, 1.0, 1.0, id});
+      Result<Handle> b = EnqueueAllreduce(TensorView{small.data(), DataType::kFloat32, {7}},
+                                          TensorView{small.data(), DataType::kFloat32, {7}},
+                                          "hier.small", {ReduceOp::kSum, 1.0, 1.0, id});
+      ASSERT_TRUE(a.ok() && b.ok());
+      ASSERT_TRUE(Wait(*a).ok());
+      ASSERT_TRUE(Wait(*b).ok());
+      double rank_sum = 0, rank_plus_one = 0;
+      for (int r : ranks) rank_sum += r, rank_plus_one += r + 1;
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_EQ(out[i], rank_plus_one * (i % 11)) << i;
+      }
+      for (size_t i = 0; i < small.size(); ++i) {
+        ASSERT_EQ(small[i], 100 * rank_sum + static_cast<double>(ranks.size()) * i) << i;
+      }
+      Result<Stats> after = GetStats();
+      ASSERT_TRUE(after.ok());
+      const uint64_t hierarchical =
+          after->hierarchical_allreduce_calls - before->hierarchical_allreduce_calls;
+      if (expected) {
+        EXPECT_GT(hierarchical, 0u) << ranks.size() << " ranks on " << hosts << " hosts";
+      } else {
+        EXPECT_EQ(hierarchical, 0u) << ranks.size() << " ranks on " << hosts << " hosts";
+      }
+    }
+    if (!c.global) {
+      ASSERT_TRUE(RemoveProcessSet(id).ok());
+    }
+  }
 }
 
 TEST(ProcessSets, MembershipAndUnknownSetErrors) {

@@ -157,6 +157,16 @@ for suite in mpi_core_tests mpi_collectives_tests; do
     --hierarchical-allreduce --hierarchical-allgather --log-level info \
     "$ROOT_DIR/build/tests/$suite" --gtest_brief=1
 done
+# ... and on process sets: at 2 x 2 and 3 x 2 the set of every rank goes hierarchical, the set
+# of each host's first rank and the set of all but the last rank stay flat (the test works
+# each out from the ranks' host names and checks the counts of hierarchical calls and sums).
+for layout in "hvd-h1:2,hvd-h2:2 4" "hvd-h1:2,hvd-h2:2,hvd-h3:2 6"; do
+  read -r hosts np <<< "$layout"
+  run "mpi_process_set_tests hierarchical -H $hosts" 300 env HOROVOD_DYNAMIC_PROCESS_SETS=1 \
+    "${HVDRUN[@]}" -np "$np" -H "$hosts" --hierarchical-allreduce \
+    "$ROOT_DIR/build/tests/mpi_process_set_tests" --gtest_brief=1 \
+    --gtest_filter='ProcessSets.Hierarchical*'
+done
 EXPECT="HOROVOD_HIERARCHICAL_ALLREDUCE: the hosts run different numbers of ranks (1 to 2); using the flat allreduce" \
   run "mpi_collectives_tests hierarchical -H hvd-h1:2,hvd-h2:1 (flat)" 300 "${HVDRUN[@]}" -np 3 \
   -H hvd-h1:2,hvd-h2:1 --hierarchical-allreduce "$ROOT_DIR/build/tests/mpi_collectives_tests" \

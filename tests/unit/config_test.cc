@@ -134,10 +134,38 @@ TEST(Config, KnobTableDescribesEveryKnobOnce) {
                                              "HOROVOD_HIERARCHICAL_ALLREDUCE",
                                              "HOROVOD_HIERARCHICAL_ALLGATHER",
                                              "HOROVOD_STALL_CHECK_DISABLE",
-                                             "HOROVOD_THREAD_AFFINITY"};
+                                             "HOROVOD_THREAD_AFFINITY",
+                                             "HOROVOD_AUTOTUNE",
+                                             "HOROVOD_AUTOTUNE_LOG",
+                                             "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
+                                             "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
+                                             "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+                                             "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"};
   EXPECT_EQ(names, expected);
   const std::string text = KnobsMarkdown();
   for (const std::string& n : expected) EXPECT_NE(text.find(n), std::string::npos) << n;
+}
+
+TEST(Config, AutotuneKnobsAndWhatTheEnvironmentSet) {
+  Result<Config> c = Parse({{"HOROVOD_AUTOTUNE", "1"},
+                            {"HOROVOD_AUTOTUNE_LOG", "/tmp/at.csv"},
+                            {"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "5"},
+                            {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "0.25"},
+                            {"HOROVOD_FUSION_THRESHOLD", "1048576"}});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->autotune);
+  EXPECT_EQ(c->autotune_log, "/tmp/at.csv");
+  EXPECT_EQ(c->autotune_steps_per_sample, 5);
+  EXPECT_EQ(c->autotune_warmup_samples, 3);          // Horovod's defaults
+  EXPECT_EQ(c->autotune_bayes_opt_max_samples, 20);
+  EXPECT_EQ(c->autotune_gaussian_process_noise, 0.25);
+  EXPECT_TRUE(c->SetInEnv("HOROVOD_FUSION_THRESHOLD"));  // the autotuner leaves it alone
+  EXPECT_FALSE(c->SetInEnv("HOROVOD_CYCLE_TIME"));
+  Result<Config> bad = Parse({{"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "0"}});
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"), std::string::npos);
+  bad = Parse({{"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "lots"}});
+  EXPECT_FALSE(bad.ok());
 }
 
 TEST(Config, StallCheckDisableTurnsTheInspectorOff) {
@@ -160,11 +188,10 @@ TEST(Config, EveryHorovodVariableNotReadGetsOneWarning) {
       {"PATH", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHHOLD", "HOROVOD_CYCLE_TIMES",
        "HOROVOD_AUTOTUNE", "HOROVOD_BATCH_D2D_MEMCOPIES", "HOROVOD_WITH_PYTORCH",
        "HOROVOD_ELASTIC", "HOROVOD_ZEBRA", "HOROVOD_HIERARCHICAL_ALLREDUSE",
-       "HOROVOD_CYCLE_TIMES"});
+       "HOROVOD_CYCLE_TIMES", "HOROVOD_AUTOTUNE_LOGG"});
   ASSERT_EQ(w.size(), 7u) << ::testing::PrintToString(w);  // sorted by name, once each
-  EXPECT_EQ(w[0], "HOROVOD_AUTOTUNE is a Horovod setting that horovod_cpp does not implement: "
-                  "there is no autotuner; set HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME "
-                  "directly");
+  EXPECT_EQ(w[0], "HOROVOD_AUTOTUNE_LOGG is not a horovod_cpp setting; did you mean "
+                  "HOROVOD_AUTOTUNE_LOG?");
   EXPECT_EQ(w[1], "HOROVOD_BATCH_D2D_MEMCOPIES is a Horovod setting that horovod_cpp does "
                   "not implement: the setting is ignored");
   EXPECT_EQ(w[2], "HOROVOD_CYCLE_TIMES is not a horovod_cpp setting; did you mean "

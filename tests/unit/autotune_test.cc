@@ -1,0 +1,278 @@
+// horovod_cpp — Apache-2.0
+// The autotuner's logic on a simulated job: steps counted from responses, a score that is a
+// known function of the knobs (the clock advances by a step's time under them), the search,
+// its re-checks against noise, fixed knobs, re-tuning when the score moves, agreement through
+// Exchange, and the log.
+
+#include "common/autotune.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+
+namespace hvd {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+TunedKnobs Defaults() {
+  TunedKnobs k;
+  k.fusion_threshold_bytes = 128 * kMiB;
+  k.chunk_bytes = kMiB;
+  k.cycle_time_ms = 1.0;
+  k.cache = true;
+  k.hierarchical_allreduce = false;
+  return k;
+}
+
+// One training step's responses: two tensors of 1 MiB of float32 each.
+std::vector<Response> Step() {
+  Response r;
+  r.type = OpType::kAllreduce;
+  r.dtype = DataType::kFloat32;
+  r.tensor_names = {"grad.a", "grad.b"};
+  r.tensor_sizes = {kMiB / 4, kMiB / 4};
+  return {r};
+}
+constexpr double kStepBytes = 2.0 * kMiB;
+
+// A job: every step takes kStepBytes / speed(knobs) seconds; speed in bytes per second.
+struct Job {
+  using Speed = std::function<double(const TunedKnobs&)>;
+  Autotuner tuner;
+  Speed speed;
+  Autotuner::Clock::time_point now{};
+  std::mt19937 rng{7};
+  double noise = 0.0;  // relative, uniform in [-noise, +noise] per step
+  int samples_ended = 0;
+
+  Job(Autotuner::Options o, Speed s) : tuner(std::move(o), Defaults()), speed(std::move(s)) {}
+
+  // Runs steps until a sample ends, then the exchange (rank 0 alone: broadcast is a no-op).
+  void RunSample() {
+    while (true) {
+      std::uniform_real_distribution<double> u(-noise, noise);
+      const double seconds = kStepBytes / speed(tuner.knobs()) * (1 + u(rng));
+      now += std::chrono::duration_cast<Autotuner::Clock::duration>(
+          std::chrono::duration<double>(seconds));
+      if (tuner.Observe(Step(), now)) break;
+    }
+    ++samples_ended;
+    Result<TunedKnobs> k = tuner.Exchange([](std::vector<uint8_t>*) { return Status::OK(); });
+    ASSERT_TRUE(k.ok()) << k.status().ToString();
+  }
+  void RunUntilSettled(int limit) {
+    for (int i = 0; i < limit && (i < 1 || tuner.searching()); ++i) RunSample();
+  }
+};
+
+Autotuner::Options Options(int steps = 4, int warmup = 2, int max_samples = 40) {
+  Autotuner::Options o;
+  o.rank = 0;
+  o.steps_per_sample = steps;
+  o.warmup_samples = warmup;
+  o.max_samples = max_samples;
+  return o;
+}
+
+// A landscape with one best point: chunk 4 MiB, fusion 32 MiB, cache on; cycle time and
+// hierarchical do not matter. Off by one notch costs 10-30 %.
+double Landscape(const TunedKnobs& k) {
+  double s = 100e6;
+  s *= k.chunk_bytes == 4 * kMiB ? 1.0 : k.chunk_bytes == 16 * kMiB ? 0.85 : 0.7;
+  s *= k.fusion_threshold_bytes == 32 * kMiB ? 1.0 : 0.8;
+  s *= k.cache ? 1.0 : 0.9;
+  return s;
+}
+
+TEST(Autotune, ASampleEndsWhenATensorHasBeenReducedStepsPerSampleTimes) {
+  Autotuner tuner(Options(3), Defaults());
+  Autotuner::Clock::time_point t{};
+  EXPECT_FALSE(tuner.Observe({}, t));  // no responses: nothing counted, no clock started
+  EXPECT_FALSE(tuner.Observe(Step(), t += std::chrono::milliseconds(10)));
+  EXPECT_FALSE(tuner.Observe(Step(), t += std::chrono::milliseconds(10)));
+  EXPECT_TRUE(tuner.Observe(Step(), t += std::chrono::milliseconds(10)));
+  EXPECT_FALSE(tuner.Observe(Step(), t += std::chrono::milliseconds(10)));  // a new sample
+  EXPECT_FALSE(tuner.Observe(Step(), t += std::chrono::milliseconds(10)));
+  EXPECT_TRUE(tuner.Observe(Step(), t += std::chrono::milliseconds(10)));
+}
+
+TEST(Autotune, FindsTheBestPointOfAKnownLandscapeWithinTheBudget) {
+  Job job(Options(), Landscape);
+  job.RunUntilSettled(100);
+  EXPECT_FALSE(job.tuner.searching());
+  EXPECT_EQ(job.tuner.knobs().chunk_bytes, 4 * kMiB);
+  EXPECT_EQ(job.tuner.knobs().fusion_threshold_bytes, 32 * kMiB);
+  EXPECT_TRUE(job.tuner.knobs().cache);
+  // 2 warm-up samples, then chunk (4 values + 2 re-checks), fusion (5 + 2), cycle (3), cache (2).
+  EXPECT_EQ(job.samples_ended, 2 + 6 + 7 + 3 + 2);
+  // Settled: it stays there.
+  for (int i = 0; i < 10; ++i) job.RunSample();
+  EXPECT_FALSE(job.tuner.searching());
+  EXPECT_EQ(job.tuner.knobs().chunk_bytes, 4 * kMiB);
+}
+
+TEST(Autotune, NoiseWithoutARealDifferenceChangesNothing) {
+  // Every setting is as fast; each step is +-2 % noisy. The re-check (and its 3 % margin)
+  // keeps the defaults.
+  for (unsigned seed = 1; seed <= 20; ++seed) {
+    Job job(Options(), [](const TunedKnobs&) { return 100e6; });
+    job.rng.seed(seed);
+    job.noise = 0.02;
+    job.RunUntilSettled(100);
+    EXPECT_FALSE(job.tuner.searching());
+    EXPECT_EQ(job.tuner.knobs(), Defaults()) << "seed " << seed << ": "
+                                             << DescribeKnobs(job.tuner.knobs());
+  }
+}
+
+TEST(Autotune, KnobsSetInTheEnvironmentAreNotTuned) {
+  Autotuner::Options o = Options();
+  o.fixed = {"chunk", "cache"};
+  Job job(o, Landscape);
+  job.RunUntilSettled(100);
+  EXPECT_FALSE(job.tuner.searching());
+  EXPECT_EQ(job.tuner.knobs().chunk_bytes, kMiB);  // the configured value, though 4 MiB is best
+  EXPECT_TRUE(job.tuner.knobs().cache);
+  EXPECT_EQ(job.tuner.knobs().fusion_threshold_bytes, 32 * kMiB);
+}
+
+TEST(Autotune, HierarchicalIsACandidateOnlyWhereTheLayoutAllowsIt) {
+  auto faster_hierarchical = [](const TunedKnobs& k) {
+    return k.hierarchical_allreduce ? 200e6 : 100e6;
+  };
+  Job flat(Options(), faster_hierarchical);
+  flat.RunUntilSettled(100);
+  EXPECT_FALSE(flat.tuner.knobs().hierarchical_allreduce);
+  Autotuner::Options o = Options();
+  o.tune_hierarchical = true;
+  Job hosts(o, faster_hierarchical);
+  hosts.RunUntilSettled(100);
+  EXPECT_FALSE(hosts.tuner.searching());
+  EXPECT_TRUE(hosts.tuner.knobs().hierarchical_allreduce);
+}
+
+TEST(Autotune, TheSampleBudgetEndsTheSearchWithTheBestSoFar) {
+  // No warm-up asked: the first sample still runs with the starting values, unscored. Then 5
+  // samples: chunk's 4 values and the first of its re-check.
+  Job job(Options(4, 0, 5), Landscape);
+  for (int i = 0; i < 6; ++i) job.RunSample();
+  EXPECT_FALSE(job.tuner.searching());
+  // The chunk search was cut in its re-check: the incumbent (the configured 1 MiB) stays.
+  EXPECT_EQ(job.tuner.knobs(), Defaults());
+}
+
+TEST(Autotune, SearchesAgainWhenTheScoreMoves) {
+  bool slow_link = false;
+  // On the slow link small chunks win (say); the job is also 5x slower overall.
+  Job job(Options(), [&](const TunedKnobs& k) {
+    if (!slow_link) return Landscape(k);
+    return (k.chunk_bytes == kMiB / 4 ? 1.0 : 0.6) * 20e6;
+  });
+  job.RunUntilSettled(100);
+  ASSERT_FALSE(job.tuner.searching());
+  ASSERT_EQ(job.tuner.knobs().chunk_bytes, 4 * kMiB);
+  for (int i = 0; i < 5; ++i) job.RunSample();  // the reference score
+  slow_link = true;
+  int waited = 0;
+  while (!job.tuner.searching() && waited < 10) {
+    job.RunSample();
+    ++waited;
+  }
+  EXPECT_EQ(waited, Autotuner::kRetuneSamples);  // three samples in a row far from it
+  job.RunUntilSettled(100);
+  EXPECT_FALSE(job.tuner.searching());
+  EXPECT_EQ(job.tuner.knobs().chunk_bytes, kMiB / 4);
+}
+
+TEST(Autotune, EveryRankTakesRankZerosKnobs) {
+  // Two tuners, rank 0 and rank 1, over a broadcast that copies rank 0's bytes.
+  Autotuner::Options o0 = Options(), o1 = Options();
+  o1.rank = 1;
+  Autotuner r0(o0, Defaults()), r1(o1, Defaults());
+  std::vector<uint8_t> sent;
+  Autotuner::Clock::time_point t{};
+  for (int sample = 0; sample < 12; ++sample) {
+    bool end0 = false, end1 = false;
+    while (!end0) {
+      // Rank 1's clock differs (its timing is not what decides); the steps are the same.
+      t += std::chrono::milliseconds(10 + sample);
+      end0 = r0.Observe(Step(), t);
+      end1 = r1.Observe(Step(), t + std::chrono::milliseconds(3 * sample));
+      ASSERT_EQ(end0, end1);
+    }
+    Result<TunedKnobs> k0 = r0.Exchange([&](std::vector<uint8_t>* b) {
+      sent = *b;
+      return Status::OK();
+    });
+    Result<TunedKnobs> k1 = r1.Exchange([&](std::vector<uint8_t>* b) {
+      *b = sent;
+      return Status::OK();
+    });
+    ASSERT_TRUE(k0.ok() && k1.ok());
+    EXPECT_EQ(*k0, *k1) << "sample " << sample;
+    EXPECT_EQ(r0.searching(), r1.searching());
+  }
+}
+
+TEST(Autotune, WireFormatRoundTripsAndRejectsAnotherVersion) {
+  TunedKnobs k = Defaults();
+  k.chunk_bytes = 3 * kMiB;
+  k.cycle_time_ms = 2.5;
+  k.cache = false;
+  k.hierarchical_allreduce = true;
+  TunedKnobs back;
+  bool searching = false;
+  ASSERT_TRUE(Autotuner::Decode(Autotuner::Encode(k, true), &back, &searching).ok());
+  EXPECT_EQ(back, k);
+  EXPECT_TRUE(searching);
+  std::vector<uint8_t> bytes = Autotuner::Encode(k, false);
+  bytes[0] = 99;
+  Status bad = Autotuner::Decode(bytes, &back, &searching);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("version 99"), std::string::npos) << bad.message();
+  bytes = Autotuner::Encode(k, false);
+  bytes.resize(bytes.size() - 2);  // truncated
+  EXPECT_FALSE(Autotuner::Decode(bytes, &back, &searching).ok());
+}
+
+TEST(Autotune, TheLogHasALinePerSampleAndEachDecision) {
+  const std::string path = ::testing::TempDir() + "/autotune_test.csv";
+  Autotuner::Options o = Options();
+  o.log_path = path;
+  {
+    Job job(o, Landscape);
+    job.RunUntilSettled(100);
+    ASSERT_EQ(job.samples_ended, 20);
+  }
+  std::ifstream in(path);
+  std::string line;
+  int header = 0, samples = 0, comments = 0, warmup = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind("sample,phase,", 0) == 0) {
+      ++header;
+    } else if (line.rfind("#", 0) == 0) {
+      ++comments;
+    } else {
+      ++samples;
+      if (line.find(",warmup,") != std::string::npos) ++warmup;
+      // sample,phase,fusion,chunk,cycle,cache,hierarchical,score: 8 fields, a positive score.
+      EXPECT_EQ(std::count(line.begin(), line.end(), ','), 7) << line;
+      EXPECT_GT(std::stod(line.substr(line.rfind(',') + 1)), 0) << line;
+    }
+  }
+  EXPECT_EQ(header, 1);
+  EXPECT_EQ(samples, 20);
+  EXPECT_EQ(warmup, 2);
+  // Two re-checks (chunk and fusion) and the final "best" line.
+  EXPECT_EQ(comments, 3);
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace hvd
