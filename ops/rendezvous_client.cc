@@ -80,7 +80,7 @@ Status RendezvousClient::RecvAll(void* data, size_t n) {
 }
 
 // A store that closes a new connection before its hello is one shedding a flood of other
-// clients (runner/rendezvous.py closes all but 128 handshakes at once): try again, for up to
+// clients (job/rendezvous.py closes all but 128 handshakes at once): try again, for up to
 // kConnectRetrySeconds. A refusal after the hello (a wrong secret) is final.
 Status RendezvousClient::Connect() {
   if (fd_ >= 0) return Status::OK();

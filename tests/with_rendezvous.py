@@ -12,7 +12,7 @@ import sys
 # The checkout's package (pure Python up to here: horovod_cpp imports its compiled core lazily),
 # so that this runs with any python3, also one without horovod_cpp installed.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from horovod_cpp.runner.rendezvous import RendezvousServer, new_secret  # noqa: E402
+from horovod_cpp.job.rendezvous import RendezvousServer, new_secret  # noqa: E402
 
 
 def main(argv):

@@ -1,5 +1,5 @@
 """Elastic training, framework-neutral parts: how a worker of an elastic job joins a round of the
-driver's (horovod_cpp/runner/elastic_driver.py), asks for a reset, and learns of host changes.
+driver's (horovod_cpp/job/elastic_driver.py), asks for a reset, and learns of host changes.
 
 A worker process lives across rounds; each round is one communicator (one Gloo rendezvous under
 the scope ``elastic<round>``). The driver publishes a round's assignments in the rendezvous store
@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from horovod_cpp.runner.rendezvous import RendezvousClient
+from horovod_cpp.job.rendezvous import RendezvousClient
 
 
 class HostsUpdatedInterrupt(RuntimeError):

@@ -1,6 +1,8 @@
-"""One HorovodRunner (or horovod_cpp.runner.run) rank, started by mpirun: fetch the pickled
-function from the driver, call it, and report rank 0's return value (every rank's with
-HVD_SPARK_ALL_RESULTS=1) or this rank's exception with its traceback.
+"""One HorovodRunner (or horovod_cpp.runner.run) rank, started by mpirun or hvdrun's Gloo and
+elastic launchers: fetch the pickled function from the driver, call it, and report rank 0's
+return value (every rank's with HVD_SPARK_ALL_RESULTS=1) or this rank's exception with its
+traceback. The rank reported is the one the rank holds when the function returns (in an
+elastic job, its rank in the last round).
 
     python -m horovod_cpp.job.rank_main      (HVD_SPARK_JOB, HVD_SPARK_KEY in the environment)
 """
@@ -44,13 +46,25 @@ def _use_task_gpus(rank):
     os.environ["HVD_SPARK_TASK_GPUS"] = ",".join(mine["own"])
 
 
+def _rank_now(default):
+    """This process's rank now: the runtime's, where the function left horovod_cpp running
+    (an elastic job's rank changes between rounds), else ``default``."""
+    torch_api = sys.modules.get("horovod_cpp.torch")
+    try:
+        if torch_api is not None and torch_api.is_initialized():
+            return int(torch_api.rank())
+    except Exception:  # a runtime that stopped with an error
+        pass
+    return default
+
+
 def main():
     proc.watch_parent()  # orted killed: do not linger
     # Whole lines reach mpirun (it tags chunks, not lines) and the driver sees them promptly.
     sys.stdout.reconfigure(line_buffering=True)
     address = os.environ["HVD_SPARK_JOB"]
     key = bytes.fromhex(os.environ["HVD_SPARK_KEY"])
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("HOROVOD_RANK", "0")))
     _use_task_gpus(rank)
     # Run as __main__, this file is not the module log_to_driver imports: set the context there.
     import horovod_cpp.job.rank_main as module
@@ -63,8 +77,9 @@ def main():
     except SystemExit:
         raise
     except BaseException as e:
-        _report_error(address, key, rank, e, traceback.format_exc())
+        _report_error(address, key, _rank_now(rank), e, traceback.format_exc())
         return 1
+    rank = _rank_now(rank)
     # HorovodRunner wants rank 0's value; horovod_cpp.runner.run every rank's.
     if rank == 0 or os.environ.get("HVD_SPARK_ALL_RESULTS") == "1":
         try:

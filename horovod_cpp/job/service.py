@@ -66,7 +66,9 @@ def _result_dict(result):
 class JobService(object):
     """The driver's end: payload out; results, errors, logs and the launcher's status in.
     ``ranks``: None, rank 0's value is the outcome (HorovodRunner); N, the list of all N
-    ranks' values (horovod_cpp.runner.run, whose ranks all report). ``stdout``/``stderr``:
+    ranks' values (horovod_cpp.runner.run, whose ranks all report). ``elastic``: the ranks of
+    an elastic job's last round all report; when the launcher succeeds their values are the
+    outcome, in rank order, whatever workers failed and were replaced on the way. ``stdout``/``stderr``:
     where streamed rank output goes (default: both to sys.stdout, as "[rank]<stream>:line");
     ``timestamp``: prefix every streamed line with the time it arrived.
 
@@ -75,10 +77,11 @@ class JobService(object):
     asks "launch" before starting mpirun, and only the first ask is granted."""
 
     def __init__(self, key, payload, stream, ranks=None, stdout=None, stderr=None,
-                 timestamp=False):
+                 timestamp=False, elastic=False):
         self._payload = payload
         self._stream = stream
         self._ranks = ranks
+        self._elastic = elastic
         self._out = {"stdout": stdout, "stderr": stderr}
         self._timestamp = timestamp
         self._lock = threading.Lock()
@@ -136,7 +139,8 @@ class JobService(object):
 
     def _follow_task(self, sock, hello):
         entry = {"index": hello["index"], "attempt": None, "host": hello["host"],
-                 "ip": hello["ip"], "last": time.monotonic(), "closed": None, "done": False}
+                 "ip": hello["ip"], "last": time.monotonic(), "closed": None, "done": False,
+                 "info": dict(hello)}
         with self._lock:
             self._tasks[hello["id"]] = entry
             self._task_socks.append(sock)
@@ -154,6 +158,16 @@ class JobService(object):
             with self._lock:
                 if not entry["done"]:
                     entry["closed"] = time.monotonic()
+
+    def live_tasks(self, silence):
+        """What the tasks still connected (heard from within ``silence`` s, not said goodbye)
+        said of themselves in their hello, in task index order."""
+        now = time.monotonic()
+        with self._lock:
+            return sorted((dict(t["info"]) for t in self._tasks.values()
+                           if t["closed"] is None and not t["done"]
+                           and now - t["last"] < silence),
+                          key=lambda info: (info["index"], info["id"]))
 
     def tasks_started(self):
         with self._lock:
@@ -246,6 +260,14 @@ class JobService(object):
     def outcome(self):
         with self._lock:
             errors, launcher, results = list(self._errors), self._launcher, dict(self._results)
+        if self._elastic and launcher is not None and launcher["returncode"] == 0:
+            # An elastic job that succeeded: the workers that failed on the way were replaced;
+            # the ranks of its last round reported, 0 .. n-1.
+            missing = [r for r in range(len(results)) if r not in results]
+            if not results or missing:
+                raise HorovodRunnerError("the elastic job succeeded but its ranks reported %s"
+                                         % (sorted(results) or "nothing"))
+            return [cloudpickle.loads(results[r]) for r in range(len(results))]
         if errors:
             first = errors[0]
             error = RankError(first["rank"], first["exc_type"], first["message"],

@@ -300,7 +300,7 @@ def main(argv=None):
 
 
 def _run_elastic(args):
-    from horovod_cpp.runner import elastic_driver
+    from horovod_cpp.job import elastic_driver
     try:
         if args.mpi:
             raise ValueError("elastic jobs run on Gloo; drop --mpi")

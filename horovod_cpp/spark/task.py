@@ -48,7 +48,10 @@ def host_hash(salt=""):
 class TaskService(object):
     """Runs commands for the rsh agent: {"type": "run", "command": str} starts ``sh -c
     command`` and answers with {"type": "out", "stream", "data"} frames and a final {"type":
-    "exit", "code"}. If the agent's connection drops, the command's process group is killed."""
+    "exit", "code"}. With "stdin": true the agent's {"type": "in", "data"} frames go to the
+    command's stdin and {"type": "eof"} closes it (run_elastic's workers take their secret and
+    environment there, as over ssh). If the agent's connection drops, the command's process
+    group is killed."""
 
     def __init__(self, key):
         self._key = key
@@ -72,8 +75,9 @@ class TaskService(object):
             with self._lock:
                 if self._stopped:
                     return
+                stdin = subprocess.PIPE if message.get("stdin") else subprocess.DEVNULL
                 child = proc.popen(["/bin/sh", "-c", message["command"]],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stdin=stdin, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, env=env)
                 self._procs.append(child)
             self._serve(sock, child)
@@ -95,11 +99,25 @@ class TaskService(object):
                     return
 
         def watch_agent():
-            # The agent never sends more; a closed connection means it is gone.
+            # Without stdin the agent never sends more; a closed connection means it is gone.
             try:
-                sock.recv(1)
-            except OSError:
+                if child.stdin is None:
+                    sock.recv(1)
+                else:
+                    while True:
+                        message = network.recv(sock, self._key)
+                        if message.get("type") == "in":
+                            child.stdin.write(message["data"])
+                            child.stdin.flush()
+                        elif message.get("type") == "eof":
+                            child.stdin.close()
+            except (OSError, EOFError, ValueError, network.ProtocolError):
                 pass
+            if child.stdin is not None and not child.stdin.closed:
+                try:
+                    child.stdin.close()
+                except OSError:
+                    pass
             if child.poll() is None:
                 proc.stop_group(child)
 
@@ -205,6 +223,16 @@ class _Heartbeat(object):
     def _run(self):
         while not self._stop.wait(self.INTERVAL):
             self.send({"type": "alive"})
+
+    def connected(self):
+        """The driver still takes this task's heartbeats."""
+        with self._lock:
+            return self._sock is not None
+
+    def local_ip(self):
+        """The address this task reaches the driver from."""
+        with self._lock:
+            return self._sock.getsockname()[0] if self._sock is not None else None
 
     def close(self):
         if self._sock is None:
@@ -321,5 +349,44 @@ def barrier_task(spec):
             heartbeat.close()
         if report is not None:
             yield report
+
+    return run
+
+
+def elastic_task(spec):
+    """The function for run_elastic's tasks (rdd.mapPartitions, not barrier mode): each task is
+    one slot. It serves the driver's rsh agent (TaskService: the driver starts a worker in it
+    when its elastic driver wants one there) and keeps its heartbeat until the driver closes
+    it at the end of the job. A task that dies (its executor lost) leaves the job's hosts;
+    Spark runs it again on an executor that has room, which then joins the job."""
+
+    def run(_partition):
+        import time
+
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        service = TaskService(spec["key"])
+        hello = {"id": ctx.taskAttemptId(), "index": ctx.partitionId(),
+                 "host": socket.gethostname(), "ip": None, "python": sys.executable,
+                 "cwd": os.getcwd()}
+        # The address the driver reaches this task at: the source address of the route to the
+        # driver (a UDP connect sends nothing).
+        host, _, port = spec["job"].rpartition(":")
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            probe.connect((host, int(port)))
+            ip = probe.getsockname()[0]
+        finally:
+            probe.close()
+        hello.update(ip=ip, addr="%s:%d" % (ip, service.port))
+        heartbeat = _Heartbeat(spec["job"], spec["key"], hello)
+        try:
+            while heartbeat.connected():
+                time.sleep(0.5)
+        finally:
+            service.stop()
+            heartbeat.close()
+        yield ctx.partitionId()
 
     return run

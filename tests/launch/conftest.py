@@ -18,7 +18,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 _OURS = ("horovod_cpp.job.rank_main", "horovod_cpp.spark.rsh_agent",
-         "horovod_cpp.runner.task_exec", "gloo_worker.py")
+         "horovod_cpp.job.task_exec", "gloo_worker.py")
 _LAUNCHERS = ("mpirun", "orted", "mpiexec", "orterun")
 
 

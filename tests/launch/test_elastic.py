@@ -13,7 +13,7 @@ import time
 import pytest
 
 from horovod_cpp import _core
-from horovod_cpp.runner.elastic_driver import ElasticDriver, ElasticError
+from horovod_cpp.job.elastic_driver import ElasticDriver, ElasticError
 
 pytestmark = pytest.mark.skipif(not _core.gloo_built(), reason="built without Gloo")
 

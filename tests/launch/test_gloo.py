@@ -10,7 +10,7 @@ import pytest
 
 from horovod_cpp import _core
 from horovod_cpp.runner import gloo_run
-from horovod_cpp.runner.rendezvous import RendezvousClient, RendezvousServer
+from horovod_cpp.job.rendezvous import RendezvousClient, RendezvousServer
 
 pytestmark = pytest.mark.skipif(not _core.gloo_built(), reason="built without Gloo")
 

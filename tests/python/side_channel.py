@@ -30,7 +30,7 @@ def barrier(timeout=60.0):
                                    % timeout)
             time.sleep(0.001)
         return
-    from horovod_cpp.runner.rendezvous import RendezvousClient
+    from horovod_cpp.job.rendezvous import RendezvousClient
     if _state["client"] is None:
         import atexit
         _state["client"] = RendezvousClient(os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],

@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from horovod_cpp.runner.rendezvous import RendezvousClient, RendezvousServer, new_secret
+from horovod_cpp.job.rendezvous import RendezvousClient, RendezvousServer, new_secret
 from horovod_cpp.job import network
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -1,6 +1,6 @@
 """Runs one rank on a remote host for a launcher that started it over ssh.
 
-    ssh HOST python -m horovod_cpp.runner.task_exec CWD -- COMMAND...
+    ssh HOST python -m horovod_cpp.job.task_exec CWD -- COMMAND...
 
 The first line of stdin is the job's secret (HOROVOD_GLOO_SECRET: never on a command line,
 where ``ps`` would show it), the second a JSON object of environment variables for the rank.
@@ -19,7 +19,7 @@ from horovod_cpp.job import proc
 
 def main(argv):
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m horovod_cpp.runner.task_exec CWD -- COMMAND...", file=sys.stderr)
+        print("usage: python -m horovod_cpp.job.task_exec CWD -- COMMAND...", file=sys.stderr)
         return 2
     cwd, command = argv[0], argv[2:]
     # Raw reads of fd 0 (no buffered stdin whose lock a daemon thread could hold at exit).

@@ -1,4 +1,5 @@
-"""The elastic driver: hvdrun --min-np/--max-np/--host-discovery-script (Gloo only).
+"""The elastic driver: hvdrun --min-np/--max-np/--host-discovery-script (Gloo only), and
+Spark's run_elastic (horovod_cpp/spark/elastic.py, through its hooks).
 
 Workers are processes started once per slot (``host:slot`` is a worker's id) and kept across
 resets; a round is one communicator over some of them (horovod_cpp/elastic/__init__.py has the
@@ -24,9 +25,9 @@ import sys
 import threading
 import time
 
-from horovod_cpp.runner import gloo_run
+from horovod_cpp.job import proc, remote
 from horovod_cpp.job.hosts import HostError, parse_hosts
-from horovod_cpp.runner.rendezvous import RendezvousServer, new_secret
+from horovod_cpp.job.rendezvous import RendezvousServer, new_secret
 
 DISCOVERY_INTERVAL = 1.0
 SUCCESS_GRACE = 30.0  # after one worker succeeds, how long the others have to finish
@@ -68,14 +69,25 @@ class Worker(object):
 
 
 class ElasticDriver(object):
+    """The driver of one elastic job. For launchers other than hvdrun's ssh (Spark's
+    run_elastic): ``discover()`` returns the hosts {name: slots} instead of a discovery script;
+    ``spawn(host, env, command, secret)`` starts a worker (a Popen-like object, as
+    remote.spawn); ``hostname(host)`` is the address its workers listen on
+    (HOROVOD_HOSTNAME); ``lost(worker)`` says whether a worker that failed went down with its
+    host (then it is not blacklisted: its host left, and may come back); ``address`` is the
+    rendezvous server's address facing the workers."""
+
     def __init__(self, command, np, min_np, max_np, hosts=None, discovery_script=None,
                  slots_per_host=1, elastic_timeout=600.0, reset_limit=None,
                  cooldown_range=None, env=None, on_line=None, ssh_args=(), ssh="ssh",
-                 log=None):
+                 log=None, discover=None, spawn=None, hostname=None, lost=None, address=None):
         self.command = list(command)
         self.np, self.min_np, self.max_np = np, min_np, max_np
         self.fixed_hosts = dict(hosts) if hosts else None
         self.discovery_script = discovery_script
+        self.discover_fn, self.spawn_fn = discover, spawn
+        self.hostname_fn, self.lost_fn = hostname, lost
+        self.address = address
         self.slots_per_host = slots_per_host
         self.elastic_timeout = elastic_timeout
         self.reset_limit = reset_limit
@@ -101,9 +113,14 @@ class ElasticDriver(object):
 
     # ---- hosts ---------------------------------------------------------------------------
     def discover(self):
+        if self.discover_fn is not None:
+            return dict(self.discover_fn())
         if self.discovery_script is None:
             return dict(self.fixed_hosts or {"localhost": self.max_np})
         return run_discovery(self.discovery_script, self.slots_per_host)
+
+    def discovering(self):
+        return self.discover_fn is not None or self.discovery_script is not None
 
     def usable(self, host, now):
         return self.blacklist.get(host, 0) <= now
@@ -129,7 +146,8 @@ class ElasticDriver(object):
             "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
             "HOROVOD_ELASTIC": "1", "HOROVOD_ELASTIC_WORKER_ID": w.id,
             "HOROVOD_ELASTIC_TIMEOUT": str(self.elastic_timeout),
-            "HOROVOD_HOSTNAME": "127.0.0.1" if self.address == "127.0.0.1" else w.host,
+            "HOROVOD_HOSTNAME": (self.hostname_fn(w.host) if self.hostname_fn is not None
+                                 else "127.0.0.1" if self.address == "127.0.0.1" else w.host),
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": self.address,
             "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.server.port),
         })
@@ -137,15 +155,18 @@ class ElasticDriver(object):
 
     def start_worker(self, host, slot):
         w = Worker(host, slot, None)
-        w.proc = gloo_run.spawn(host, self.worker_env(w), self.command, self.secret,
-                                self.ssh_args, self.ssh)
-        gloo_run.read_output(w.proc, w.id, self.on_line)
+        if self.spawn_fn is not None:
+            w.proc = self.spawn_fn(host, self.worker_env(w), self.command, self.secret)
+        else:
+            w.proc = remote.spawn(host, self.worker_env(w), self.command, self.secret,
+                                    self.ssh_args, self.ssh)
+        remote.read_output(w.proc, w.id, self.on_line)
         self.workers.append(w)
         return w
 
     def stop_worker(self, w):
         w.removed = True
-        gloo_run.stop_process(w.proc)
+        remote.stop_process(w.proc)
         w.ended = w.proc.returncode
 
     def live_workers(self):
@@ -215,14 +236,15 @@ class ElasticDriver(object):
     # ---- the loop ------------------------------------------------------------------------
     def run(self):
         hosts = self.discover()
-        self.address = gloo_run.facing_address(list(hosts.items()))
+        if self.address is None:
+            self.address = remote.facing_address(list(hosts.items()))
         self.server = RendezvousServer(self.secret, bind=self.address)
         try:
             return self._run(hosts)
         finally:
             for w in self.workers:
                 if w.ended is None:
-                    gloo_run.stop_process(w.proc)
+                    remote.stop_process(w.proc)
             self.server.stop()
 
     def _run(self, hosts):
@@ -244,8 +266,13 @@ class ElasticDriver(object):
                     w.ended = w.proc.returncode
                     if w.ended == 0:
                         first_success = first_success or now
+                    elif self.lost_fn is not None and self.lost_fn(w):
+                        why = "worker %s's host %s is gone" % (w.id, w.host)
+                        self.log(why)
+                        w.removed = True
+                        need = need or why
                     else:
-                        why = "worker %s ended with %s" % (w.id, gloo_run.proc.describe_exit(
+                        why = "worker %s ended with %s" % (w.id, proc.describe_exit(
                             w.ended))
                         self.log(why)
                         self.blacklist_host(w.host, why)
@@ -259,7 +286,7 @@ class ElasticDriver(object):
                              % (SUCCESS_GRACE, ended_ok[0].id))
                     return 1
                 continue
-            if self.discovery_script is not None and now >= next_discovery:
+            if self.discovering() and now >= next_discovery:
                 next_discovery = now + DISCOVERY_INTERVAL
                 try:
                     hosts = self.discover()
@@ -326,7 +353,7 @@ def run(args, command, hosts, env):
         command, np, min_np, max_np, hosts=hosts, discovery_script=args.host_discovery_script,
         slots_per_host=args.slots_per_host, elastic_timeout=args.elastic_timeout,
         reset_limit=args.reset_limit, cooldown_range=args.blacklist_cooldown_range, env=env,
-        on_line=on_line, ssh_args=gloo_run.mpirun.ssh_options(args.ssh_port,
+        on_line=on_line, ssh_args=remote.mpirun.ssh_options(args.ssh_port,
                                                              args.ssh_identity_file),
         log=log)
     try:
