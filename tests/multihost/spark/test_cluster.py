@@ -1,7 +1,8 @@
 """HorovodRunner and horovod_cpp.spark.run on the test bed's Spark standalone cluster (2 workers
 x 2 cores, the driver on hvd-h1): ranks on the worker hosts, results, output and errors at the
 driver, np < 0 on the driver, training equal to one process on the full batch, settings
-forwarded, waiting for task slots, and a worker host lost in the middle of training (last)."""
+forwarded, waiting for task slots, a worker host lost in the middle of training, and
+run_elastic shrinking when a worker host is lost and growing when it returns (last)."""
 import glob
 import io
 import os
@@ -359,4 +360,88 @@ def test_a_worker_hosts_processes_killed_mid_training(cluster, tmp_path, monkeyp
     assert took <= COLLECTIVE_TIMEOUT + 60
     assert not host_processes(host) or all("sshd" in c for _, c in host_processes(host))
     run_testbed("spark", "worker", host)  # the cluster whole again for whatever runs next
+    wait_executors(cluster.sparkContext, 2)
+
+
+def elastic_until_regrown(after=10, limit_steps=900):
+    """Elastic training of a counter (4 ranks to start with): records the sizes it runs at;
+    once it has run at 4, then fewer, then 4 again, it trains ``after`` more steps and returns
+    (rank, size, the sizes seen, the steps). Prints "size N step S" now and then."""
+    import torch
+
+    import horovod_cpp.torch as hvd
+    hvd.init()
+    state = hvd.elastic.ObjectState(step=0, sizes=[], regrown_at=None)
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < limit_steps:
+            if not state.sizes or state.sizes[-1] != hvd.size():
+                state.sizes = state.sizes + [hvd.size()]
+                if len(state.sizes) >= 3 and state.regrown_at is None:
+                    state.regrown_at = state.step
+            if state.regrown_at is not None and state.step >= state.regrown_at + after:
+                return
+            hvd.allreduce(torch.ones(100), name="grad")
+            if hvd.rank() == 0 and state.step % 5 == 0:
+                print("size %d step %d" % (hvd.size(), state.step), flush=True)
+            time.sleep(0.2)
+            state.step += 1
+            state.commit()
+
+    train(state)
+    return hvd.rank(), hvd.size(), state.sizes, state.step
+
+
+@pytest.mark.deadline(420)
+def test_run_elastic_shrinks_when_a_worker_host_is_lost_and_grows_when_it_returns(cluster):
+    # run_elastic's 4 tasks take both workers' 2 slots; every process of hvd-h3 is killed
+    # (its Spark worker, executor, tasks and training workers): the job goes on with the 2
+    # ranks of hvd-h2. Then hvd-h3's Spark worker starts again: Spark runs the 2 lost tasks
+    # on its new executor, and the job grows back to 4 ranks.
+    lines = []
+
+    class Out(io.TextIOBase):
+        def write(self, text):
+            lines.extend(text.splitlines())
+            return len(text)
+
+    outcome = {}
+
+    def go():
+        try:
+            outcome["value"] = horovod_cpp.spark.run_elastic(
+                elastic_until_regrown, num_proc=4, min_np=2, max_np=4, elastic_timeout=120,
+                stdout=Out(), stderr=Out(), verbose=1)
+        except BaseException as e:
+            outcome["error"] = e
+
+    def seen(size):
+        return any("size %d step" % size in line for line in lines)
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    try:
+        assert wait_until(lambda: seen(4) or not thread.is_alive(), 120), lines[-20:]
+        assert thread.is_alive(), outcome
+        lost_at = time.monotonic()
+        run_testbed("kill", "hvd-h3")
+        assert wait_until(lambda: seen(2) or not thread.is_alive(), 90), lines[-30:]
+        shrunk = time.monotonic() - lost_at
+        assert thread.is_alive(), (outcome, lines[-30:])
+        back_at = time.monotonic()
+        run_testbed("spark", "worker", "hvd-h3")
+        thread.join(240)
+        assert not thread.is_alive(), "run_elastic did not return: %s" % lines[-30:]
+    finally:
+        run_testbed("spark", "worker", "hvd-h3", check=False)
+    assert "error" not in outcome, (outcome["error"], lines[-40:])
+    results = outcome["value"]
+    assert [(r[0], r[1]) for r in results] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    assert all(r[2] == [4, 2, 4] for r in results), [r[2] for r in results]
+    grown = [line for line in lines if "round" in line and "4 ranks" in line]
+    TIMINGS.append("run_elastic: hvd-h3 killed: training went on with 2 ranks %.1f s later; its "
+                   "worker restarted: back at 4 ranks (%d rounds in all) within %.1f s"
+                   % (shrunk, sum("round" in line for line in lines), time.monotonic() - back_at))
+    assert grown, lines
     wait_executors(cluster.sparkContext, 2)
