@@ -5,9 +5,10 @@
 // learn who they are from the environment: HOROVOD_RANK and HOROVOD_SIZE, the rendezvous store
 // (HOROVOD_GLOO_RENDEZVOUS_ADDR / _PORT, authenticated with HOROVOD_GLOO_SECRET), the
 // address to listen on (HOROVOD_GLOO_IFACE, else HOROVOD_HOSTNAME, else the host name) and a
-// scope (HOROVOD_GLOO_SCOPE, set by the elastic layer for each round; otherwise the count of
-// this process's Inits) that keeps one rendezvous's keys apart from the next one's. Local and cross ranks are worked out from every
-// rank's HOROVOD_HOSTNAME after the ranks meet, so a launcher cannot get them wrong.
+// scope (HOROVOD_GLOO_SCOPE, set by the elastic layer for each round and by Ray for each run,
+// with the count of this process's Inits under it) that keeps one rendezvous's keys apart from
+// the next one's. Local and cross ranks are worked out from every rank's HOROVOD_HOSTNAME
+// after the ranks meet, so a launcher cannot get them wrong.
 //
 // One full-mesh context carries the negotiation and the global set's data; each process set
 // gets a context of its own, built through the store by its members. Only the background
@@ -172,13 +173,14 @@ class GlooBackend final : public Backend {
     client_ = std::make_unique<RendezvousClient>(addr, port, Env("HOROVOD_GLOO_SECRET"));
     store_ = std::make_unique<Store>(client_.get(), timeout_);
     // Every Init meets under a prefix of its own: a job that shuts down and initializes again
-    // must not find the addresses of its previous rendezvous in the store. The elastic layer
-    // names each round's scope; otherwise this process's count of Inits does (every rank of a
-    // fixed job initializes the same number of times).
-    static int inits = 0;
-    scope_ = Env("HOROVOD_GLOO_SCOPE");
-    if (scope_.empty()) scope_ = "job/init" + std::to_string(inits);
-    ++inits;
+    // must not find the addresses of its previous rendezvous in the store. The launcher may
+    // name a scope (the elastic layer: each round; Ray: each run); within it, this process's
+    // count of Inits under that scope tells them apart (every rank of the scope initializes
+    // the same number of times).
+    static std::map<std::string, int> inits;
+    const std::string scope = Env("HOROVOD_GLOO_SCOPE");
+    scope_ = (scope.empty() ? std::string("job") : scope) + "/init" +
+             std::to_string(inits[scope]++);
 
     char host[256] = {0};
     ::gethostname(host, sizeof(host) - 1);

@@ -3,7 +3,8 @@
 #   setup_venv.sh           .venv: Debian's /usr/bin/python3 with --system-site-packages (Debian's
 #                           torch 1.13, numpy, pytest, mpi4py, cloudpickle), horovod_cpp by
 #                           pip install --no-index --no-build-isolation . (nothing is downloaded)
-#   setup_venv.sh --spark   also pyspark from PyPI (HorovodRunner), unless already there
+#   setup_venv.sh --spark   also pyspark (HorovodRunner) and ray (horovod_cpp.ray) from PyPI,
+#                           unless already there
 #   setup_venv.sh --pypi    .venv-pypi: the PyPI lane, a venv WITHOUT system site packages with
 #                           the packages pinned in scripts/pypi-lane.txt (the newest torch, its
 #                           CUDA wheel ~3 GB, pyspark, ...; installed once, reused while the pins
@@ -13,6 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYSPARK_VERSION=4.0.5   # Debian lane; tested with Java 17; any pyspark >= 3.5 works
+RAY_VERSION=2.60.0      # Debian lane: horovod_cpp.ray's tests (a local cluster and the test bed)
 pip=(--quiet --disable-pip-version-check)
 
 check_import() {  # from outside the checkout, so the installed package is the one imported
@@ -49,6 +51,13 @@ if [[ "${1:-}" == "--spark" ]]; then
     echo "setup_venv: installing pyspark==$PYSPARK_VERSION from PyPI (~430 MB)" >&2
     "$py" -m pip install "${pip[@]}" "pyspark==$PYSPARK_VERSION" || {
       echo "setup_venv: could not install pyspark from PyPI (network, proxy or certificates?)" >&2
+      exit 1
+    }
+  fi
+  if ! "$py" -c "import ray, sys; sys.exit(ray.__version__ != '$RAY_VERSION')" 2>/dev/null; then
+    echo "setup_venv: installing ray==$RAY_VERSION from PyPI (~70 MB)" >&2
+    "$py" -m pip install "${pip[@]}" "ray==$RAY_VERSION" || {
+      echo "setup_venv: could not install ray from PyPI (network, proxy or certificates?)" >&2
       exit 1
     }
   fi

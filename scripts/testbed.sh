@@ -18,6 +18,13 @@
 #                                   each, default 0); prints the master URL
 #   testbed.sh spark worker HOST    (re)starts HOST's worker (after `kill HOST`, say)
 #   testbed.sh spark down           stops the master, the workers and their executors
+#   testbed.sh ray up [--cpus C] [--python PY]
+#                                   a Ray cluster: the head on hvd-h1 (no CPUs: the driver's
+#                                   host), a node on every other host (C CPUs, default 2), with
+#                                   token authentication; prints the address and the token
+#                                   file (clients set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN)
+#   testbed.sh ray node HOST        restarts HOST's Ray node (after `kill HOST`, say)
+#   testbed.sh ray down             stops every Ray process of the test bed
 #
 # Each host is a network namespace named after it with one interface, eth0, addressed
 # 10.200.0.(10+i)/24 and plugged into a bridge that lives in a namespace of its own
@@ -99,6 +106,7 @@ remove_block() {  # remove_block FILE: drops the marked test-bed block, if any
 cmd_down() {
   local ns pid
   cmd_spark_down
+  cmd_ray_down
   for ns in $(host_names) $(ip netns list 2>/dev/null | awk '{print $1}' | grep -x "$NET_NS" || true); do
     # Every process still in the namespace (sshd, sessions, ranks) goes with it.
     for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
@@ -461,14 +469,100 @@ cmd_spark_down() {
   rm -rf "$SPARK_STATE"
 }
 
+# ---- Ray -------------------------------------------------------------------------------------
+RAY_STATE=$STATE/ray
+RAY_PORT=6379
+
+ray_node() {  # HOST [head]: starts HOST's Ray node in its namespaces
+  local h=$1 role=${2:-node} py token args
+  py=$(cat "$RAY_STATE/python")
+  token=$(cat "$RAY_STATE/token")
+  if [[ $role == head ]]; then
+    args=(--head --port "$RAY_PORT" --num-cpus 0 --include-dashboard false)
+  else
+    args=(--address "$(address_of hvd-h1):$RAY_PORT" --num-cpus "$(cat "$RAY_STATE/cpus")")
+  fi
+  # `ray start` returns once the node runs; its daemons stay in the host's namespaces. The
+  # session files go under the test bed's state directory (removed by `down`).
+  in_ns "$h" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$h" \
+    env RAY_AUTH_MODE=token RAY_AUTH_TOKEN="$token" RAY_USAGE_STATS_ENABLED=0 \
+    "$(dirname "$py")/ray" start "${args[@]}" --node-ip-address "$(address_of "$h")" \
+    --temp-dir "$RAY_STATE/tmp" --disable-usage-stats > "$RAY_STATE/start-$h.log" 2>&1 || {
+      tail -20 "$RAY_STATE/start-$h.log" >&2
+      return 1
+    }
+}
+
+ray_stop() {  # the Ray processes in the namespaces of HOST... (default: every test host)
+  local h pid cmd hosts=("$@")
+  [[ ${#hosts[@]} -gt 0 ]] || read -r -a hosts <<< "$(host_names | tr '\n' ' ')"
+  for h in "${hosts[@]}"; do
+    for pid in $(ip netns pids "$h" 2>/dev/null); do
+      cmd=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null) || continue
+      case "$cmd" in
+        *raylet*|*gcs_server*|ray::*|*/ray/*|*/bin/ray\ *) kill -KILL "$pid" 2>/dev/null || true ;;
+      esac
+    done
+  done
+}
+
+cmd_ray() {
+  local sub=${1:-}
+  shift || true
+  case "$sub" in
+    up)
+      local cpus=2 py
+      py=$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python
+      while [[ $# -gt 0 ]]; do
+        case "$1" in
+          --cpus) cpus=${2:-}; shift 2 ;;
+          --python) py=${2:-}; shift 2 ;;
+          *) die "ray up: unknown argument '$1'" ;;
+        esac
+      done
+      [[ $cpus =~ ^[0-9]+$ ]] || die "ray up: --cpus takes a number"
+      [[ -x $(dirname "$py")/ray ]] || die "ray up: $(dirname "$py")/ray not found (pip install ray)"
+      local hosts h
+      hosts=$(host_names)
+      [[ $(echo "$hosts" | wc -w) -ge 2 ]] || die "ray up: needs the test bed (testbed.sh up N, N >= 2)"
+      cmd_ray_down
+      mkdir -p "$RAY_STATE/tmp"
+      chmod 700 "$RAY_STATE"
+      echo "$cpus" > "$RAY_STATE/cpus"
+      echo "$py" > "$RAY_STATE/python"
+      (umask 077 && "$py" -c "import secrets; print(secrets.token_hex(32))" > "$RAY_STATE/token")
+      ray_node hvd-h1 head || { cmd_ray_down; die "ray: the head did not start"; }
+      for h in $hosts; do
+        [[ $h == hvd-h1 ]] && continue
+        ray_node "$h" || { cmd_ray_down; die "ray: $h's node did not start"; }
+      done
+      echo "$(address_of hvd-h1):$RAY_PORT $RAY_STATE/token"
+      ;;
+    node)
+      [[ -n ${1:-} && -f $RAY_STATE/token ]] || die "usage: testbed.sh ray node HOST (after ray up)"
+      ray_stop "$1"  # a node already there goes first
+      ray_node "$1" || exit 1
+      ;;
+    down) cmd_ray_down ;;
+    *) die "usage: testbed.sh ray up [--cpus C] [--python PY] | node HOST | down" ;;
+  esac
+}
+
+cmd_ray_down() {
+  [[ -d $RAY_STATE ]] || return 0
+  ray_stop
+  rm -rf "$RAY_STATE"
+}
+
 case "${1:-}" in
   up) shift; cmd_up "$@" ;;
   spark) shift; cmd_spark "$@" ;;
+  ray) shift; cmd_ray "$@" ;;
   down) cmd_down ;;
   exec) shift; cmd_exec "$@" ;;
   link) shift; cmd_link "$@" ;;
   kill) shift; cmd_kill "$@" ;;
   rate) shift; cmd_rate "$@" ;;
   status) cmd_status ;;
-  *) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

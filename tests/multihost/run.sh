@@ -25,6 +25,7 @@ leftovers() {  # prints what the test bed left behind, if anything
   grep -l "hvd-testbed" /etc/hosts "$HOME/.ssh/config" 2>/dev/null || true
   pgrep -f "sshd -f /run/hvd-testbed" || true
   pgrep -f "org.apache.spark.deploy" || true
+  pgrep -r R,S,D,T -f "raylet|gcs_server|ray::|/run/hvd-testbed/ray" || true  # (not zombies)
   grep -q " /run/netns " /proc/mounts && [[ -z $(ls -A /run/netns) ]] && echo "/run/netns mount" || true
 }
 
@@ -205,6 +206,23 @@ else
 fi
 rm -f "$spark_report"
 "$TESTBED" spark down
+
+# A Ray cluster across the hosts (testbed.sh ray up: the head on hvd-h1, the driver's host, with
+# no CPUs; a 2-CPU node on hvd-h2 and hvd-h3, token authentication): horovod_cpp.ray's
+# RayExecutor there (tests/multihost/ray: placement, ranks per host, errors, and last a worker
+# host's processes killed mid-run).
+if selected "Ray cluster suite"; then
+  if ray_up=$("$TESTBED" ray up --cpus 2 | tail -1); then
+    read -r ray_address ray_token <<< "$ray_up"
+    run "Ray cluster suite (2 nodes x 2 CPUs)" 420 env HVD_RAY_ADDRESS="$ray_address" \
+      HVD_RAY_TOKEN_FILE="$ray_token" sh -c "cd '$ROOT_DIR/tests/multihost/ray' && \
+      '$PY' -m pytest"
+  else
+    echo "multihost: FAIL the Ray cluster did not start" >&2
+    failures=$((failures + 1))
+  fi
+  "$TESTBED" ray down
+fi
 
 # Network faults in the middle of a job (4 ranks on hvd-h1:2,hvd-h2:2 running allreduces):
 # the job must end non-zero within BOUND s of the fault, its output matching EXPECT.
