@@ -57,7 +57,7 @@ def mlp_step_fn():
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
-        return float(loss)
+        return loss.item()
     return step
 
 
