@@ -2,10 +2,11 @@
 # Every performance figure in one command: install what is missing, build, then run the
 # benchmarks in examples/bench/ on 2 ranks. Each figure is one line
 #   FIGURE <id> name=... p50_ms=... p90_ms=... baseline=... ratio=... target=... met=yes|no|n/a
-# where ratio is against a baseline measured in the same run. About 45 minutes on 2 cores,
-# 28 of them across test hosts (18 for gradient compression: every compressor on the MLP and
-# the CNN at 2 hosts x 1 and x 2 ranks, 1 and 10 Gbit/s, FIGURE C1/C2), 6 for the sharded
-# optimizer's figures, ~5 for stage 3's.
+# where ratio is against a baseline measured in the same run. About 60 minutes on 2 cores,
+# 25 of them across test hosts (~18 for gradient compression: every compressor on the MLP and
+# the CNN at 2 hosts x 1 and x 2 ranks, 1 and 10 Gbit/s, interleaved over 3 rounds, FIGURE
+# C1/C2; 2 for autotuning when the link changes, A3), 6 for the sharded optimizer's figures,
+# ~5 for stage 3's, ~7 for autotuning (a grid of static settings and the tuner, A1/A2).
 #   ./bench.sh                 all figures (allreduce over shared memory, TCP and test hosts,
 #                              timeline overhead, training throughput vs DDP, Gloo vs MPI)
 #   ./bench.sh --quick         fewer repetitions (noisier)
@@ -13,7 +14,7 @@
 #                              builds from PyPI into .venv-horovod: about 2.5 minutes, once)
 #   ./bench.sh --no-hosts      skip the figures across test hosts (scripts/testbed.sh: 2 hosts
 #                              on this machine, links limited to 1 and 10 Gbit/s; needs root)
-#   ./bench.sh --hosts-only    only those (about 28 minutes)
+#   ./bench.sh --hosts-only    only those (about 25 minutes)
 # Nothing here is a test: a missed target is reported, not failed. A wrong result (every
 # benchmark checks its sums and parameters) exits non-zero.
 set -euo pipefail
