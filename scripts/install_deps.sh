@@ -8,6 +8,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake libgtest-dev libgmock-dev          # toolchain and GoogleTest
+  ccache                                                   # rebuilds from its cache
   libopenmpi-dev openmpi-bin                               # MPI backend, mpirun
   libgloo-dev libssl-dev                                   # Gloo backend, its store's HMAC
   libboost-program-options-dev                             # example/benchmark flags

@@ -182,17 +182,27 @@ def job_processes(tag, baseline, bed):
     for a job on the test bed, Open MPI's daemons and ssh sessions (sshd children) on the test
     hosts that were not there before it."""
     found = []
+    here = os.readlink("/proc/self/ns/net")
+
+    def on_a_test_host(pid):  # (not this machine's own namespace: other suites run there)
+        try:
+            return os.readlink("/proc/%d/ns/net" % pid) != here
+        except OSError:
+            return False
+
     for pid, (ppid, cmd, env) in processes().items():
         if pid == os.getpid() or pid in baseline:
             continue
         if tag in cmd or tag.encode() in env:
             found.append((pid, cmd))
-        elif bed and re.match(r"(\S*/)?(orted|prted)\b", cmd):
+        elif not bed or not on_a_test_host(pid):
+            continue
+        elif re.match(r"(\S*/)?(orted|prted)\b", cmd):
             found.append((pid, cmd))
-        elif bed and cmd.startswith("sshd: ") and "[listener]" not in cmd:
+        elif cmd.startswith("sshd: ") and "[listener]" not in cmd:
             found.append((pid, cmd))
-        elif bed and any(m in cmd for m in ("horovod_cpp.job.rank_main",
-                                            "horovod_cpp.spark.rsh_agent")):
+        elif any(m in cmd for m in ("horovod_cpp.job.rank_main",
+                                    "horovod_cpp.spark.rsh_agent")):
             found.append((pid, cmd))
     return found
 
