@@ -66,7 +66,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and len(callspec.params) >= 3:
-            families.setdefault((item.fspath, item.originalname), []).append(item)
+            families.setdefault(item.nodeid.split("[", 1)[0], []).append(item)
     dropped = set()
     for family in families.values():
         kept = {id(it) for it in _pairwise_cover(family)}
