@@ -184,7 +184,7 @@ def job_processes(tag, baseline, bed):
     found = []
     here = os.readlink("/proc/self/ns/net")
 
-    def on_a_test_host(pid):  # (not this machine's own namespace: other suites run there)
+    def on_a_test_host(pid):  # (not this machine's own namespace: other work runs there)
         try:
             return os.readlink("/proc/%d/ns/net" % pid) != here
         except OSError:

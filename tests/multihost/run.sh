@@ -20,8 +20,8 @@ PY="$ROOT_DIR/.venv/bin/python"
 failures=0
 
 off_host() {  # off_host PATTERN: live processes matching PATTERN in a network namespace
-  # other than this shell's, i.e. on a test host (even one whose namespace is gone). The suites
-  # that run here meanwhile (ctest: local Spark sessions, Ray, launchers) are not the test bed's.
+  # other than this shell's, i.e. on a test host (even one whose namespace is gone). Whatever
+  # else runs on this machine (a local Spark session, Ray, launchers) is not the test bed's.
   local pid here
   here=$(readlink /proc/self/ns/net)
   for pid in $(pgrep -r R,S,D,T -f "$1"); do
@@ -36,8 +36,8 @@ leftovers() {  # prints what the test bed left behind, if anything
   grep -l "hvd-testbed" /etc/hosts "$HOME/.ssh/config" 2>/dev/null || true
   pgrep -f "sshd -f /run/hvd-testbed" || true
   off_host "org.apache.spark.deploy"
-  off_host "raylet|gcs_server|ray::|/run/hvd-testbed/ray"
-  pgrep -r R,S,D,T -f "/run/hvd-testbed/ray" || true
+  off_host "raylet|gcs_server|ray::"
+  pgrep -r R,S,D,T -f "/run/hvd-testbed/ray" || true  # (in any namespace; not zombies)
   grep -q " /run/netns " /proc/mounts && [[ -z $(ls -A /run/netns) ]] && echo "/run/netns mount" || true
 }
 

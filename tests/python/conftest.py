@@ -46,12 +46,13 @@ def _pairwise_cover(items):
         params = sorted((k, repr(v)) for k, v in item.callspec.params.items())
         return {(a, b) for i, a in enumerate(params) for b in params[i + 1:]}
 
-    wanted = set().union(*(pairs(it) for it in items))
+    covers = [(it, pairs(it)) for it in items]
+    wanted = set().union(*(p for _, p in covers))
     kept = []
     while wanted:
-        best = max(items, key=lambda it: len(pairs(it) & wanted))  # first of the best: stable
+        best, best_pairs = max(covers, key=lambda c: len(c[1] & wanted))  # first of the best
         kept.append(best)
-        wanted -= pairs(best)
+        wanted -= best_pairs
     return kept
 
 

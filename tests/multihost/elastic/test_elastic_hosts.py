@@ -30,7 +30,7 @@ def bed(*args):
 
 def leftovers():
     """The elastic job's processes still alive on the test hosts (their network namespaces:
-    launchers that other suites run on this machine meanwhile are not this test's)."""
+    launchers that other work runs on this machine are not this test's)."""
     r = subprocess.run(["pgrep", "-f", "elastic_train.py|horovod_cpp.runner"],
                        capture_output=True, text=True)
     here = os.readlink("/proc/self/ns/net")
