@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/horovod.h"
+#include "tests/mpi/mpi_wait.h"
 #include "tests/mpi/test_util.h"
 
 namespace hvd {
@@ -76,8 +77,8 @@ TEST(Core, TopologyMatchesMpi) {
   int len = 0;
   MPI_Get_processor_name(name, &len);
   std::vector<char> all(static_cast<size_t>(mpi_size) * MPI_MAX_PROCESSOR_NAME);
-  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
-                MPI_CHAR, MPI_COMM_WORLD);
+  hvd::test::SleepingAllgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(),
+                               MPI_MAX_PROCESSOR_NAME, MPI_CHAR);
   std::vector<std::string> hosts;
   for (int r = 0; r < mpi_size; ++r) hosts.emplace_back(&all[r * MPI_MAX_PROCESSOR_NAME]);
   int local_size = 0, local_rank = 0;
@@ -337,7 +338,7 @@ TEST(Core, DuplicateNameInFlightIsRejectedAtEnqueue) {
   // the first "dup" is certainly still in flight when the second one arrives.
   std::vector<float> a(8, 1.0f), b(8, 1.0f);
   const bool last = R() == N() - 1;
-  if (last) MPI_Barrier(MPI_COMM_WORLD);
+  if (last) hvd::test::SleepingBarrier();
   auto h = EnqueueAllreduce(View(a.data(), {8}), View(a.data(), {8}), "dup", {ReduceOp::kSum});
   ASSERT_TRUE(h.ok());
   if (!last) {
@@ -347,7 +348,7 @@ TEST(Core, DuplicateNameInFlightIsRejectedAtEnqueue) {
     EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
     EXPECT_NE(again.status().message().find("'dup': a tensor with this name is already in flight"),
               std::string::npos);
-    MPI_Barrier(MPI_COMM_WORLD);
+    hvd::test::SleepingBarrier();
   }
   ASSERT_TRUE(Wait(*h).ok());
   EXPECT_EQ(a[0], static_cast<float>(N()));

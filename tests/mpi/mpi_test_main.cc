@@ -9,7 +9,7 @@
 //  * A watchdog thread calls MPI_Abort after HVD_TEST_WATCHDOG_SECONDS (default 90), naming the
 //    test that was running, so a rank stuck in a collective (because a peer failed an
 //    assertion and moved on) ends the whole job quickly.
-//  * All ranks agree on the exit code (MPI_Allreduce MIN of "passed").
+//  * All ranks agree on the exit code (an allreduce MIN of "passed", polled: mpi_wait.h).
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "common/horovod.h"
+#include "tests/mpi/mpi_wait.h"
 
 namespace {
 
@@ -83,7 +84,7 @@ int main(int argc, char** argv) {
   }
   const int rc = RUN_ALL_TESTS();
   int passed = rc == 0 ? 1 : 0, all_passed = 0;
-  MPI_Allreduce(&passed, &all_passed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  hvd::test::SleepingAllreduce(&passed, &all_passed, 1, MPI_INT, MPI_MIN);
   hvd::Shutdown().IgnoreError();
 
   {

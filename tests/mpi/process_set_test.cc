@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/horovod.h"
+#include "tests/mpi/mpi_wait.h"
 #include "tests/mpi/test_util.h"
 
 namespace hvd {
@@ -129,8 +130,8 @@ TEST(ProcessSets, HierarchicalAllreduceWhereTheSetsHostsAreAlike) {
   int len = 0;
   MPI_Get_processor_name(name, &len);
   std::vector<char> names(static_cast<size_t>(N()) * MPI_MAX_PROCESSOR_NAME);
-  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME,
-                MPI_CHAR, MPI_COMM_WORLD);
+  hvd::test::SleepingAllgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(),
+                               MPI_MAX_PROCESSOR_NAME, MPI_CHAR);
   auto host = [&](int r) {
     return std::string(&names[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
   };
@@ -311,7 +312,7 @@ TEST(ProcessSets, StaticSetsFromInitAndDisabledDynamicSets) {
   const int n = N(), rank = R();
   if (n < 2) GTEST_SKIP() << "needs two ranks";
   // Shutting down stops every rank: wait until all have finished the previous tests.
-  MPI_Barrier(MPI_COMM_WORLD);
+  hvd::test::SleepingBarrier();
   ASSERT_TRUE(Shutdown().ok());
   // Every rank must pass the same sets; otherwise every rank's Init fails.
   InitOptions bad;

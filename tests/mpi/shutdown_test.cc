@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/horovod.h"
+#include "tests/mpi/mpi_wait.h"
 
 namespace hvd {
 namespace {
@@ -30,7 +31,7 @@ TEST(Shutdown, OneRankStopsEveryRankAndPendingHandlesFailOnce) {
                          ++callbacks;
                        });
   ASSERT_TRUE(h.ok());
-  MPI_Barrier(MPI_COMM_WORLD);  // every rank has its pending op before anyone shuts down
+  hvd::test::SleepingBarrier();  // every rank has its pending op before anyone shuts down
   if (rank == 0) {
     ASSERT_TRUE(Shutdown().ok());
   }
@@ -91,7 +92,7 @@ TEST(Shutdown, EveryRankAtOnceWithManyPendingOps) {
   }
   // Every rank has its 50 operations pending before any rank shuts down: a fast rank's
   // Shutdown() would otherwise stop a slow rank's runtime before it has enqueued them all.
-  MPI_Barrier(MPI_COMM_WORLD);
+  hvd::test::SleepingBarrier();
   ASSERT_TRUE(Shutdown().ok());
   int aborted = 0;
   for (int i = 0; i < 50; ++i) {
