@@ -136,16 +136,18 @@ run "check_hosts.py --gloo -H hvd-h1:1,hvd-h2:1,hvd-h3:1" 120 \
 run "python suite --gloo -H hvd-h1:2,hvd-h2:2" 600 sh -c "cd '$ROOT_DIR/tests/python' && \
   HVD_TEST_MATRIX=pairwise '${HVDRUN[0]}' --gloo -np 4 -H hvd-h1:2,hvd-h2:2 '$PY' -m pytest -q -x"
 
-# The chaos campaign's CI subset (tests/chaos/chaos.py --ci): every fault kind twice (a rank
+# The chaos campaign's CI subset (tests/chaos/chaos.py --ci): every fault kind, most twice (a rank
 # killed, frozen, raising, leaving early, shutting down alone, skipping a collective or sending
 # another shape, dtype, op or root, a duplicate name, uneven batches, the launcher and its
 # rendezvous store killed, the timeline's disk full, a link down or at 1 Mbit/s, elastic ranks
 # lost one or two at once or during a reset) on MPI, Gloo and elastic Gloo, on this machine and
 # across the test hosts: each job completes with exact results or ends within the collective
 # timeout (3 s here) + 30 s naming the culprit, and leaves nothing running on any host. The
-# two Spark kinds run in the Spark section below; the table is printed at the end.
+# two Spark kinds run in the Spark section below; the table is printed at the end. 335 s here
+# alone; CI's run, beside test.sh's background builds, took ~1.4 times as long (its limit here
+# only guards against a hang of the campaign itself, which bounds every run on its own).
 chaos_results=/tmp/hvd-chaos-results.$$.jsonl
-run_here "chaos CI subset (tests/chaos, 44 scenarios)" 480 "$PY" "$ROOT_DIR/tests/chaos/chaos.py" \
+run_here "chaos CI subset (tests/chaos, 41 scenarios)" 600 "$PY" "$ROOT_DIR/tests/chaos/chaos.py" \
   --ci --results "$chaos_results"
 
 # Foreign and hostile clients (tests/multihost/hostile, on hvd-h1): the rendezvous store, the
