@@ -47,6 +47,26 @@ class _CastCompressor(Compressor):
             tensor_decompressed = tensor.type(ctx)
         return tensor_decompressed
 
+    # DistributedOptimizer's path (the optimizer keeps one wire buffer per gradient): compress
+    # into that buffer and decompress into the gradient itself, so that no tensor is allocated
+    # (and its pages zeroed) twice a step; the values are those of compress/decompress.
+    @classmethod
+    def compress_into(cls, tensor, wire):
+        """(the tensor to send, ctx) as compress(tensor), written into ``wire`` (None, or
+        what an earlier call returned for this gradient) when it fits."""
+        if not tensor.dtype.is_floating_point:
+            return tensor, tensor.dtype
+        if wire is None or wire.shape != tensor.shape or wire.dtype != cls.wire_dtype:
+            wire = torch.empty(tensor.shape, dtype=cls.wire_dtype)
+        wire.copy_(tensor)
+        return wire, tensor.dtype
+
+    @staticmethod
+    def decompress_into(tensor, ctx, out):
+        """Writes decompress(tensor, ctx) into ``out`` (the gradient compress_into read)."""
+        if tensor is not out:
+            out.copy_(tensor)
+
 
 class FP16Compressor(_CastCompressor):
     """Floating-point tensors travel as float16 and come back in their own dtype."""

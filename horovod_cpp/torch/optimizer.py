@@ -113,6 +113,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._grad_accs = []
         self._requires_update = set()
         self._sparse_params = set()  # parameters whose gradient has been sparse
+        self._wire = {}  # p -> its gradient's wire buffer (fp16/bf16 compression, _compress)
         self._synchronized = False  # the user called synchronize() since the last step()
         self._should_synchronize = True
         self._reduced = False  # every gradient reduced, and no backward pass since
@@ -200,13 +201,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             work = self._powersgd.reduce_async(tensor, name, self.process_set)
             if work is not None:  # compressed: P's allreduce started
                 return work, None
-        tensor_compressed, ctx = self._compression.compress(tensor)
+        tensor_compressed, ctx = self._compress(p, tensor)
         prescale_factor, postscale_factor = self._scale_factors()
         handle = allreduce_async_(tensor_compressed, name=name, op=self.op,
                                   prescale_factor=prescale_factor,
                                   postscale_factor=postscale_factor,
                                   process_set=self.process_set)
         return handle, ctx
+
+    def _compress(self, p, tensor):
+        """compression.compress(tensor); for a compressor that can (fp16, bf16), into the
+        wire buffer kept for ``p``'s dense gradient (see _decompress)."""
+        if tensor is p.grad and hasattr(self._compression, "compress_into"):
+            wire, ctx = self._compression.compress_into(tensor, self._wire.get(p))
+            if wire is not tensor:
+                self._wire[p] = wire
+            return wire, ctx
+        return self._compression.compress(tensor)
+
+    def _decompress(self, p, output, ctx):
+        """p.grad = decompress(output, ctx), in place where _compress used a wire buffer."""
+        if p.grad is not None and self._wire.get(p) is output:
+            self._compression.decompress_into(output, ctx, p.grad)
+        else:
+            p.grad.set_(self._compression.decompress(output, ctx))
 
     def _scale_factors(self):
         """(prescale, postscale) of a gradient allreduce. Average is split into a division
@@ -218,7 +236,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _grouped_allreduce_grad_async(self, ps):
         name = self._parameter_names.get(ps[0])
-        tensors_compressed, ctxs = zip(*[self._compression.compress(p.grad) for p in ps])
+        tensors_compressed, ctxs = zip(*[self._compress(p, p.grad) for p in ps])
         prescale_factor, postscale_factor = self._scale_factors()
         handle = grouped_allreduce_async_(list(tensors_compressed), name=name, op=self.op,
                                           prescale_factor=prescale_factor,
@@ -316,7 +334,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 outputs = synchronize(handle)
                 for gp, output, c in zip(p, outputs, ctx):
                     self._allreduce_delay[gp] = self.backward_passes_per_step
-                    gp.grad.set_(self._compression.decompress(output, c))
+                    self._decompress(gp, output, c)
                 continue
             if callable(handle):  # sparse
                 output = handle()
@@ -328,7 +346,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             elif p.grad.is_sparse:
                 p.grad = self._compression.decompress(output, ctx).to_sparse()
             else:
-                p.grad.set_(self._compression.decompress(output, ctx))
+                self._decompress(p, output, ctx)
         self._handles.clear()
         self._in_flight = False
         self._reduced = True

@@ -369,3 +369,47 @@ def test_bf16_distributed_optimizer_trains_like_full_precision():
         ref_opt.step()
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.allclose(p, q, rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("groups", [None, 2])
+@pytest.mark.parametrize("name", ["fp16", "bf16"])
+def test_cast_compression_in_distributed_optimizer_averages_each_steps_gradients(name, groups):
+    """fp16 and bf16 through DistributedOptimizer (one wire buffer per gradient, reused): every
+    step's gradient is that step's average over the ranks at the wire's precision (never a
+    stale buffer), a float32 tensor, written into the gradient itself where it persists."""
+    wire = {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
+    eps = torch.finfo(wire).eps
+    torch.manual_seed(11)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                   named_parameters=model.named_parameters(),
+                                   compression=getattr(hvd.Compression, name), groups=groups)
+
+    def inputs(rank, step):
+        return torch.randn(4, 6, generator=torch.Generator().manual_seed(100 * step + rank))
+
+    def gradients(rank, step):  # lr 0: the parameters never change, so any rank can compute
+        m = copy.deepcopy(model)
+        m.zero_grad()
+        m(inputs(rank, step)).pow(2).sum().backward()
+        return [p.grad.clone() for p in m.parameters()]
+
+    travelled = False
+    for step in range(4):
+        set_to_none = step % 2 == 1
+        opt.zero_grad(set_to_none=set_to_none)
+        model(inputs(hvd.rank(), step)).pow(2).sum().backward()
+        kept = [p.grad.data_ptr() for p in model.parameters()]
+        opt.synchronize()
+        every = [gradients(r, step) for r in range(hvd.size())]
+        for i, p in enumerate(model.parameters()):
+            exact = sum(g[i] for g in every) / hvd.size()
+            scale = max(float(g[i].abs().max()) for g in every)
+            assert p.grad.dtype == torch.float32
+            assert torch.allclose(p.grad, exact, rtol=4 * eps, atol=4 * eps * scale), (step, i)
+            travelled = travelled or not torch.equal(p.grad, exact)
+            if not set_to_none:
+                assert kept[i] == p.grad.data_ptr()  # decompressed into the gradient itself
+        with opt.skip_synchronize():
+            opt.step()
+    assert travelled  # the gradients did travel at the wire's precision
