@@ -49,12 +49,13 @@ PLAIN=(mpirun -np 2)
 if ((quick)); then
   AR=(--reps 8 --resnet-reps 4 --latency-reps 300 --idle-seconds 5); TL=(--blocks 10)
   ST=(--blocks 3 --steps 8); PP=(--reps 15); VH=(--reps 6 --blocks 3); ROUNDS=2
-  XR=(--reps 3 --resnet-reps 2); XS=(--steps 10); FTD=(--blocks 1 --steps 1); ATS=(20 260 400)
+  XR=(--reps 3 --resnet-reps 2); XS=(--steps 10); FTD=(--blocks 1 --steps 1); ATS=(450 400)
   FTP=(--blocks 2 --steps 2); SM=(--warmup 1 --steps 2); DL=(--steps 2)
 else
   AR=(--reps 60 --resnet-reps 20); TL=(); ST=(--blocks 16); PP=(); VH=(); ROUNDS=3
   XR=(--reps 8 --resnet-reps 4); XS=(--steps 30)
-  ATS=(40 400 700)             # autotune: steps of a static run, the autotuned one, A3's
+  ATS=(1450 700)               # autotune: steps of A1/A2's jobs (search, then 4 rounds of
+                               # the 32 comparisons, each beside a tuned sample), A3's
   FTD=(--blocks 2 --steps 2)   # Debian's torch: ~10 s a step
   FTP=(--blocks 3 --steps 4)   # PyPI's: ~1 s
   SM=()                        # sharded_memory.py's defaults: 2 warm-up + 4 timed steps
@@ -170,32 +171,30 @@ if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT;
       python3 examples/bench/compare_horovod.py "$results"
     fi
     # Autotuning (docs/autotune.md; FIGURE A1, A2): the ResNet-50 gradient mix and the MLP,
-    # PyPI's torch, 2 ranks. A grid of static settings (chunk x fusion threshold), the defaults
-    # before and after, and a run with HOROVOD_AUTOTUNE=1 (5-step samples): A1 its step time
-    # from step 200 on against the grid's best, A2 every 50-step window after its search ended
-    # against the defaults.
-    echo "# autotune: a grid of static settings, the defaults and HOROVOD_AUTOTUNE=1"
-    autotune_runs=$(mktemp) autotune_logs=()
-    for workload in resnet50 mlp; do
-      at=(examples/bench/autotune_bench.py --workload "$workload" --out "$autotune_runs")
-      "${MPIRUN[@]}" .venv-pypi/bin/python "${at[@]}" --steps "${ATS[0]}" --label defaults.1
-      for chunk in 262144 1048576 4194304 16777216; do
-        for fusion_mib in 4 16 64 128; do
-          "${MPIRUN[@]}" -x HOROVOD_COLLECTIVE_CHUNK_BYTES="$chunk" \
-            -x HOROVOD_FUSION_THRESHOLD=$((fusion_mib << 20)) .venv-pypi/bin/python "${at[@]}" \
-            --steps "${ATS[0]}" --label "grid:chunk=$chunk,fusion=${fusion_mib}MiB"
-        done
+    # PyPI's torch, 2 ranks, one job each: HOROVOD_AUTOTUNE=1 (5-step samples) searches, then
+    # (HOROVOD_AUTOTUNE_COMPARE) every other sample runs a static setting: the defaults between
+    # each two of a grid of 16 (chunk x fusion threshold), round robin. A1: the best static
+    # setting against the tuned values, A2: every 50 tuned steps against the defaults beside
+    # them; all within one job (examples/bench/autotune_summary.py).
+    echo "# autotune: HOROVOD_AUTOTUNE=1, its values interleaved with static settings"
+    compare=$(mktemp) autotune_logs=()
+    for chunk in 262144 1048576 4194304 16777216; do
+      for fusion_mib in 4 16 64 128; do
+        echo defaults
+        echo "chunk=$chunk fusion=$((fusion_mib << 20))"
       done
+    done > "$compare"
+    for workload in resnet50 mlp; do
       log=$(mktemp --suffix=.csv)
-      autotune_logs+=(--log "autotune.$workload=$log")
+      autotune_logs+=("$workload=$log")
       "${MPIRUN[@]}" -x HOROVOD_AUTOTUNE=1 -x HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE=5 \
-        -x HOROVOD_AUTOTUNE_LOG="$log" .venv-pypi/bin/python "${at[@]}" --steps "${ATS[1]}" \
-        --label "autotune.$workload"
-      "${MPIRUN[@]}" .venv-pypi/bin/python "${at[@]}" --steps "${ATS[0]}" --label defaults.2
+        -x HOROVOD_AUTOTUNE_COMPARE="$compare" -x HOROVOD_AUTOTUNE_LOG="$log" \
+        .venv-pypi/bin/python examples/bench/autotune_bench.py --workload "$workload" \
+        --steps "${ATS[0]}" --label "autotune.$workload" --out /dev/null
       grep -h "^#" "$log" | sed "s/^/# autotune.$workload: /"
     done
-    python3 examples/bench/autotune_summary.py "$autotune_runs" "${autotune_logs[@]}"
-    rm -f "$autotune_runs"
+    python3 examples/bench/autotune_summary.py --steps-per-sample 5 "${autotune_logs[@]}"
+    rm -f "$compare" "${autotune_logs[@]#*=}"
   fi  # !only_hosts
   if ((hosts)); then
     # Jobs start from hvd-h1 (the machine has no address on the test network). One rank per
@@ -268,7 +267,7 @@ PY
     "${HOSTRUN[@]}" -np 2 -H hvd-h1:1,hvd-h2:1 -x HOROVOD_AUTOTUNE=1 \
       -x HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE=5 -x HOROVOD_AUTOTUNE_LOG="$log" \
       .venv-pypi/bin/python examples/bench/autotune_bench.py --workload mlp \
-      --steps "${ATS[2]}" --label link > /dev/null &
+      --steps "${ATS[1]}" --label link > /dev/null &
     job=$!
     changed_at=""
     for _ in $(seq 1 240); do

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <iomanip>
 #include <numeric>
 #include <sstream>
@@ -215,20 +216,30 @@ void Autotuner::Decide(double score) {
   ++samples_;
   Log(score);
   if (phase_ == Phase::kTuned) {
+    if (comparing_) {  // a static setting's sample (logged above); back to the tuned values
+      comparing_ = false;
+      current_ = best_;
+      return;
+    }
     if (reference_scores_.size() < static_cast<size_t>(kRetuneSamples)) {
       reference_scores_.push_back(score);
       reference_ = Median(reference_scores_);
-      return;
+    } else {
+      moved_ = std::fabs(score - reference_) > kRetuneChange * reference_ ? moved_ + 1 : 0;
+      if (moved_ >= kRetuneSamples) {
+        std::ostringstream why;
+        why << "score " << std::setprecision(3) << score / 1e6 << " MB/s, "
+            << kRetuneSamples << " samples in a row more than " << 100 * kRetuneChange
+            << "% from " << reference_ / 1e6 << " MB/s: searching again";
+        LogLine("# " + why.str());
+        HVD_LOG(INFO) << "autotune: " << why.str();
+        StartSearch();
+        return;
+      }
     }
-    moved_ = std::fabs(score - reference_) > kRetuneChange * reference_ ? moved_ + 1 : 0;
-    if (moved_ >= kRetuneSamples) {
-      std::ostringstream why;
-      why << "score " << std::setprecision(3) << score / 1e6 << " MB/s, "
-          << kRetuneSamples << " samples in a row more than " << 100 * kRetuneChange
-          << "% from " << reference_ / 1e6 << " MB/s: searching again";
-      LogLine("# " + why.str());
-      HVD_LOG(INFO) << "autotune: " << why.str();
-      StartSearch();
+    if (!options_.compare.empty()) {
+      current_ = options_.compare[compare_next_++ % options_.compare.size()];
+      comparing_ = true;
     }
     return;
   }
@@ -282,8 +293,54 @@ void Autotuner::Decide(double score) {
   }
 }
 
+Status Autotuner::ParseCompare(const std::string& text, const TunedKnobs& base,
+                               std::vector<TunedKnobs>* out) {
+  std::istringstream lines(text);
+  std::string line;
+  int number = 0;
+  while (std::getline(lines, line)) {
+    ++number;
+    const size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream words(line);
+    std::string word;
+    TunedKnobs k = base;
+    bool any = false;
+    while (words >> word) {
+      auto bad = [&](const std::string& why) {
+        return Status::InvalidArgument("HOROVOD_AUTOTUNE_COMPARE line " + std::to_string(number) +
+                                       ": '" + word + "': " + why);
+      };
+      any = true;
+      if (word == "defaults") continue;
+      const size_t eq = word.find('=');
+      if (eq == std::string::npos) return bad("expected defaults or KNOB=VALUE");
+      const std::string key = word.substr(0, eq), value = word.substr(eq + 1);
+      char* end = nullptr;
+      const double v = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(v >= 0)) return bad("not a number >= 0");
+      if (key == "fusion") {
+        k.fusion_threshold_bytes = static_cast<int64_t>(v);
+      } else if (key == "chunk") {
+        k.chunk_bytes = static_cast<int64_t>(v);
+      } else if (key == "cycle") {
+        k.cycle_time_ms = v;
+      } else if (key == "cache") {
+        if (v != 0 && v != 1) return bad("cache is 0 or 1");
+        k.cache = v == 1;
+      } else {
+        return bad("the knobs are fusion, chunk, cycle and cache");
+      }
+    }
+    if (any) out->push_back(k);
+  }
+  if (out->empty()) return Status::InvalidArgument("HOROVOD_AUTOTUNE_COMPARE: no settings");
+  return Status::OK();
+}
+
 void Autotuner::StartSearch() {
   phase_ = Phase::kSearch;
+  comparing_ = false;
   best_ = current_;
   search_samples_ = 0;
   rechecking_ = false;
@@ -323,6 +380,7 @@ void Autotuner::Log(double score) {
   if (options_.rank != 0) return;
   const char* phase = phase_ == Phase::kWarmup ? "warmup"
                       : phase_ == Phase::kSearch ? "search"
+                      : comparing_               ? "compare"
                                                  : "tuned";
   HVD_LOG(DEBUG) << "autotune sample " << samples_ << " (" << phase << "): "
                  << DescribeKnobs(current_) << " score " << score / 1e6 << " MB/s";

@@ -77,7 +77,17 @@ class Autotuner {
     // "hierarchical".
     std::vector<std::string> fixed;
     std::string log_path;  // rank 0 only; empty: no log
+    // HOROVOD_AUTOTUNE_COMPARE (rank 0; benchmarks): once settled, every other sample runs
+    // the next of these static settings, round robin, and the log marks it "compare". Those
+    // samples do not count towards the re-tune check.
+    std::vector<TunedKnobs> compare;
   };
+
+  // The settings of a HOROVOD_AUTOTUNE_COMPARE file's `text`: one per line, `defaults` or
+  // `fusion=BYTES chunk=BYTES cycle=MS cache=0|1` (any of them; the others as in `base`);
+  // blank lines and `#` comments skipped.
+  static Status ParseCompare(const std::string& text, const TunedKnobs& base,
+                             std::vector<TunedKnobs>* out);
 
   // `initial`: the values the job started with (the configuration's).
   Autotuner(Options options, TunedKnobs initial);
@@ -144,6 +154,9 @@ class Autotuner {
   TunedKnobs challenger_, incumbent_;
   std::vector<double> challenger_scores_, incumbent_scores_;
   int search_samples_ = 0;
+  // Comparison (Options::compare): the sample that is running is one, and the next to run.
+  bool comparing_ = false;
+  size_t compare_next_ = 0;
   // Tuned: the reference score and how many samples in a row have moved away from it.
   std::vector<double> reference_scores_;
   double reference_ = 0;

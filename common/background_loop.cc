@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #if defined(__linux__)
 #include <pthread.h>
@@ -293,6 +295,25 @@ Status BackgroundLoop::StartAutotune() {
   running_knobs_.cycle_time_ms = config_.cycle_time_ms;
   running_knobs_.cache = config_.cache_capacity > 0;
   running_knobs_.hierarchical_allreduce = config_.hierarchical_allreduce && alike;
+  // Rank 0 alone decides the knobs, so only it reads the comparison file; what it found
+  // wrong there (empty: nothing) is broadcast, so that every rank's Init fails with it.
+  std::vector<uint8_t> problem;
+  if (topology_.rank == 0 && !config_.autotune_compare.empty()) {
+    std::ifstream in(config_.autotune_compare);
+    std::stringstream text;
+    text << in.rdbuf();
+    const Status parsed =
+        in.is_open()
+            ? Autotuner::ParseCompare(text.str(), running_knobs_, &o.compare)
+            : Status::InvalidArgument("HOROVOD_AUTOTUNE_COMPARE: cannot read " +
+                                      config_.autotune_compare);
+    if (!parsed.ok()) problem.assign(parsed.message().begin(), parsed.message().end());
+  }
+  HVD_RETURN_IF_ERROR(backend_->BroadcastBytes(&problem, 0));
+  if (!problem.empty()) {
+    return Status::InvalidArgument(std::string(problem.begin(), problem.end()) +
+                                   " (rank 0's file)");
+  }
   autotuner_ = std::make_unique<Autotuner>(std::move(o), running_knobs_);
   counters_->PublishKnobs(running_knobs_, 0);
   return Status::OK();

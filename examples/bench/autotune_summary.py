@@ -1,98 +1,121 @@
-"""FIGURE lines for the autotuner from examples/bench/autotune_bench.py's JSON lines.
+"""FIGURE lines A1 and A2 from the autotuner's own logs (bench.sh).
 
-    python3 examples/bench/autotune_summary.py RUNS.jsonl [--log LABEL=FILE ...]
+    python3 examples/bench/autotune_summary.py WORKLOAD=LOG [WORKLOAD=LOG ...]
 
-The runs of one workload, told apart by their labels:
-  defaults[...]      the knobs' defaults (several runs: before and after the others);
-  grid:<knobs>       one static setting of the grid search (HOROVOD_FUSION_THRESHOLD and
-                     HOROVOD_COLLECTIVE_CHUNK_BYTES);
-  autotune[...]      HOROVOD_AUTOTUNE=1, with its log given by --log LABEL=FILE.
+Each LOG is HOROVOD_AUTOTUNE_LOG of one job of examples/bench/autotune_bench.py run with
+HOROVOD_AUTOTUNE=1 and HOROVOD_AUTOTUNE_COMPARE (bench.sh): warm-up and search samples, then,
+once the tuner has settled, samples that alternate between its values ("tuned") and static
+settings ("compare": the defaults between each two of a grid of static settings). Everything
+is compared within that one job, side by side, so that the machine's drift between jobs (up to
+39 % here) does not enter. A sample's score is bytes reduced per second, for these loops (the
+same gradients every step) proportional to steps per second: a step-time ratio is the inverse
+score ratio.
 
-A step time is a median over steps (the first WARMUP steps of every run left out: allocation,
-connections). Per workload:
-
-  FIGURE A1 ... the autotuned run's median step time from step 200 on against the best static
-          setting of the grid (ratio = best static / autotuned; target >= 0.95, i.e. within
-          5 %);
-  FIGURE A2 ... every 50-step window of the autotuned run after its search ended (from its
-          log) against the defaults' median (ratio = defaults / the worst window's mean;
-          target >= 0.98, i.e. never more than 2 % worse), with the best and worst window.
+  FIGURE A1 ... every static setting's samples against the tuned samples just before and after
+          each (the median of those ratios); the best setting's against the tuned values:
+          ratio = best static step time / tuned step time, target >= 0.95 (within 5 %), and
+          the search ended within 200 steps (settled_step).
+  FIGURE A2 ... every window of 50 tuned steps against the defaults' samples interleaved in the
+          same span: ratio = the defaults' mean step time / the tuned mean step time, the
+          worst window's; target >= 0.98 (never more than 2 % worse).
 """
 import argparse
-import collections
-import json
+import csv
 import statistics
 
-WARMUP = 5
-WINDOW = 50
-TUNED_FROM = 200
+WINDOW_STEPS = 50
+WITHIN_STEPS = 200
 
 
-def settled_step(log_path, steps_per_sample):
-    """The step at which the autotuner's (first) search ended, from its log; None if never."""
-    samples = 0
-    with open(log_path) as f:
-        for line in f:
-            if line.startswith("# best:"):
-                return samples * steps_per_sample
-            if line[:1].isdigit():
-                samples += 1
-    return None
+def read_log(path):
+    """(samples, settled_at): samples as dicts (phase, knobs tuple, score) in order, and the
+    index of the first sample after the search ended (None if it never did)."""
+    samples, settled_at = [], None
+    with open(path) as f:
+        rows = [line for line in f]
+    for line in rows:
+        if line.startswith("# best:") and settled_at is None:
+            settled_at = len(samples)
+        if not line[:1].isdigit():
+            continue
+        r = next(csv.reader([line]))
+        samples.append({"phase": r[1], "knobs": tuple(r[2:7]), "score": float(r[7])})
+    return samples, settled_at
+
+
+def describe(knobs):
+    fusion, chunk = int(knobs[0]), int(knobs[1])
+    return "chunk=%dKiB,fusion=%dMiB,cycle=%sms,cache=%s" % (chunk >> 10, fusion >> 20,
+                                                             knobs[2], knobs[3])
+
+
+def summarize(workload, path, steps_per_sample):
+    samples, settled_at = read_log(path)
+    if settled_at is None or not samples:
+        print("FIGURE A1 name=autotune_vs_best_static_%s ratio=n/a target=>=0.95 met=no "
+              "(the search did not end)" % workload)
+        print("FIGURE A2 name=autotune_vs_defaults_%s ratio=n/a target=>=0.98 met=no "
+              "(the search did not end)" % workload)
+        return
+    defaults = samples[0]["knobs"]  # the first warm-up sample runs the starting values
+    settled_step = settled_at * steps_per_sample
+    after = samples[settled_at:]
+    # A1: each compare sample against the mean of the tuned samples on either side of it.
+    ratios = {}
+    for i, s in enumerate(after):
+        if s["phase"] != "compare":
+            continue
+        near = [after[j]["score"] for j in (i - 1, i + 1)
+                if 0 <= j < len(after) and after[j]["phase"] == "tuned"]
+        if near:
+            ratios.setdefault(s["knobs"], []).append(s["score"] / statistics.mean(near))
+    tuned_knobs = [s["knobs"] for s in after if s["phase"] == "tuned"]
+    if ratios:
+        relative = {k: statistics.median(v) for k, v in ratios.items()}
+        best = max(relative, key=relative.get)
+        ratio = 1.0 / relative[best]
+        met = ratio >= 0.95 and settled_step <= WITHIN_STEPS
+        print("FIGURE A1 name=autotune_vs_best_static_%s settled_step=%d tuned=[%s] "
+              "baseline=best_static(%s) static_settings=%d samples_each=%d ratio=%.3f "
+              "target=>=0.95 met=%s"
+              % (workload, settled_step, describe(tuned_knobs[0]) if tuned_knobs else "?",
+                 describe(best), len(relative), min(len(v) for v in ratios.values()), ratio,
+                 "yes" if met else "no"))
+        print("# %s: static setting / tuned, steps per second (median of paired samples): %s"
+              % (workload, "  ".join("%s %.3f" % (describe(k), v)
+                                     for k, v in sorted(relative.items(),
+                                                        key=lambda kv: -kv[1]))))
+    # A2: windows of WINDOW_STEPS tuned steps, each against the defaults' samples in its span.
+    per_window = max(1, WINDOW_STEPS // steps_per_sample)
+    tuned_at = [i for i, s in enumerate(after) if s["phase"] == "tuned"]
+    windows = []
+    for w in range(0, len(tuned_at) - per_window + 1):
+        first, last = tuned_at[w], tuned_at[w + per_window - 1]
+        base = [1.0 / after[i]["score"] for i in range(first, last + 1)
+                if after[i]["phase"] == "compare" and after[i]["knobs"] == defaults]
+        if not base:
+            continue
+        tuned = statistics.mean(1.0 / after[i]["score"] for i in tuned_at[w:w + per_window])
+        windows.append(statistics.mean(base) / tuned)
+    if not windows:
+        print("FIGURE A2 name=autotune_vs_defaults_%s ratio=n/a target=>=0.98 met=no (no "
+              "window of %d tuned steps with the defaults beside it)" % (workload, WINDOW_STEPS))
+        return
+    worst = min(windows)
+    print("FIGURE A2 name=autotune_vs_defaults_%s settled_step=%d windows=%d "
+          "median_window=%.3f best_window=%.3f ratio=%.3f target=>=0.98 met=%s"
+          % (workload, settled_step, len(windows), statistics.median(windows), max(windows),
+             worst, "yes" if worst >= 0.98 else "no"))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs")
-    parser.add_argument("--log", action="append", default=[], metavar="LABEL=FILE")
+    parser.add_argument("logs", nargs="+", metavar="WORKLOAD=LOG")
+    parser.add_argument("--steps-per-sample", type=int, default=5)
     args = parser.parse_args()
-    logs = dict(item.split("=", 1) for item in args.log)
-    by_workload = collections.defaultdict(list)
-    with open(args.runs) as f:
-        for line in f:
-            if line.strip():
-                run = json.loads(line)
-                by_workload[run["workload"]].append(run)
-    for workload, runs in sorted(by_workload.items()):
-        med = {r["label"]: statistics.median(r["step_ms"][WARMUP:]) for r in runs}
-        grid = {k: v for k, v in med.items() if k.startswith("grid:")}
-        defaults = [v for k, v in med.items() if k.startswith("defaults")]
-        for run in runs:
-            if not run["label"].startswith("autotune"):
-                continue
-            steps = run["step_ms"]
-            tuned = statistics.median(steps[TUNED_FROM:]) if len(steps) > TUNED_FROM else None
-            if grid and tuned:
-                best_label = min(grid, key=grid.get)
-                ratio = grid[best_label] / tuned
-                print("FIGURE A1 name=autotune_vs_best_static_%s_%s p50_ms=%.2f "
-                      "baseline=best_static(%s) base_p50_ms=%.2f grid_settings=%d ratio=%.3f "
-                      "target=>=0.95 met=%s"
-                      % (workload, run["label"], tuned, best_label[5:], grid[best_label],
-                         len(grid), ratio, "yes" if ratio >= 0.95 else "no"))
-            log = logs.get(run["label"])
-            per_sample = int(run["settings"].get("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "10"))
-            settled = settled_step(log, per_sample) if log else None
-            if settled is None or not defaults:
-                print("FIGURE A2 name=autotune_vs_defaults_%s_%s ratio=n/a target=>=0.98 "
-                      "met=no (the search did not end)" % (workload, run["label"]))
-                continue
-            base = statistics.median(defaults)
-            windows = [statistics.mean(steps[i:i + WINDOW])
-                       for i in range(max(settled, WARMUP), len(steps) - WINDOW + 1)]
-            if not windows:
-                print("FIGURE A2 name=autotune_vs_defaults_%s_%s ratio=n/a settled_step=%d "
-                      "target=>=0.98 met=no (no full window after it)"
-                      % (workload, run["label"], settled))
-                continue
-            worst = max(windows)
-            ratio = base / worst
-            print("FIGURE A2 name=autotune_vs_defaults_%s_%s settled_step=%d windows=%d "
-                  "worst_window_ms=%.2f best_window_ms=%.2f baseline=defaults base_p50_ms=%.2f "
-                  "defaults_runs=%s ratio=%.3f target=>=0.98 met=%s"
-                  % (workload, run["label"], settled, len(windows), worst, min(windows), base,
-                     "/".join("%.2f" % d for d in defaults), ratio,
-                     "yes" if ratio >= 0.98 else "no"))
-        print("# %s: %s" % (workload, "  ".join("%s %.2f" % (k, v) for k, v in sorted(med.items()))))
+    for item in args.logs:
+        workload, path = item.split("=", 1)
+        summarize(workload, path, args.steps_per_sample)
 
 
 if __name__ == "__main__":

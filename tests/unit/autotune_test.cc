@@ -274,5 +274,72 @@ TEST(Autotune, TheLogHasALinePerSampleAndEachDecision) {
   std::remove(path.c_str());
 }
 
+TEST(Autotune, ComparisonSettingsAlternateWithTheTunedValuesOnceSettled) {
+  Autotuner::Options o = Options();
+  TunedKnobs small = Defaults(), big = Defaults();
+  small.chunk_bytes = kMiB / 4;
+  big.fusion_threshold_bytes = 4 * kMiB;
+  o.compare = {Defaults(), small, big};
+  const std::string path = ::testing::TempDir() + "/autotune_compare.csv";
+  o.log_path = path;
+  {
+    Job job(o, Landscape);
+    job.RunUntilSettled(100);
+    ASSERT_FALSE(job.tuner.searching());
+    TunedKnobs tuned = job.tuner.knobs();
+    ASSERT_EQ(tuned.chunk_bytes, 4 * kMiB);  // the search as without comparisons
+    // Tuned, then each comparison in turn, with the tuned values in between.
+    std::vector<TunedKnobs> ran;
+    for (int i = 0; i < 8; ++i) {
+      job.RunSample();
+      ran.push_back(job.tuner.knobs());  // what the next sample runs with
+      EXPECT_FALSE(job.tuner.searching());
+    }
+    const std::vector<TunedKnobs> want = {Defaults(), tuned, small, tuned,
+                                          big,        tuned, Defaults(), tuned};
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(ran[i], want[i]) << i << ": " << DescribeKnobs(ran[i]);
+    }
+    // The comparisons score 0.56-0.7 of the tuned values: far more than kRetuneChange would
+    // start a search if they counted; they do not.
+    for (int i = 0; i < 20; ++i) job.RunSample();
+    EXPECT_FALSE(job.tuner.searching());
+  }
+  std::ifstream in(path);
+  std::string line;
+  int compare = 0, tuned = 0;
+  while (std::getline(in, line)) {
+    compare += line.find(",compare,") != std::string::npos;
+    tuned += line.find(",tuned,") != std::string::npos;
+  }
+  EXPECT_EQ(compare, 14);  // every other one of the 28 samples after settling
+  EXPECT_EQ(tuned, 14);
+  std::remove(path.c_str());
+}
+
+TEST(Autotune, ComparisonFileParsing) {
+  std::vector<TunedKnobs> got;
+  ASSERT_TRUE(Autotuner::ParseCompare("# a grid\ndefaults\n\nchunk=262144 fusion=4194304\n"
+                                      "cycle=5 cache=0  # slow\n",
+                                      Defaults(), &got)
+                  .ok());
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0], Defaults());
+  TunedKnobs want = Defaults();
+  want.chunk_bytes = 262144;
+  want.fusion_threshold_bytes = 4194304;
+  EXPECT_EQ(got[1], want);
+  want = Defaults();
+  want.cycle_time_ms = 5;
+  want.cache = false;
+  EXPECT_EQ(got[2], want);
+  for (const char* bad : {"chunk=lots", "speed=3", "cache=2", "fusion=-1", "chunk", "# none"}) {
+    std::vector<TunedKnobs> out;
+    Status s = Autotuner::ParseCompare(bad, Defaults(), &out);
+    EXPECT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.message().find("HOROVOD_AUTOTUNE_COMPARE"), std::string::npos) << s.message();
+  }
+}
+
 }  // namespace
 }  // namespace hvd

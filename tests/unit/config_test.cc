@@ -137,6 +137,7 @@ TEST(Config, KnobTableDescribesEveryKnobOnce) {
                                              "HOROVOD_THREAD_AFFINITY",
                                              "HOROVOD_AUTOTUNE",
                                              "HOROVOD_AUTOTUNE_LOG",
+                                             "HOROVOD_AUTOTUNE_COMPARE",
                                              "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
                                              "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
                                              "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
