@@ -22,6 +22,32 @@ from horovod_cpp.runner import launch
 _NOT_YET = ("disable_cache",)
 
 
+
+def driver_address(remote, discovery):
+    """The address the ranks reach this process at. Every rank here: loopback. Remote hosts
+    known: this machine's address on the route to the first of them that resolves (a UDP
+    socket's connect picks it; nothing is sent), which is right where the machine's own name
+    resolves to 127.0.1.1 (Debian's /etc/hosts) or to nothing. Else (hosts from a discovery
+    script, not known yet) the address this machine's name resolves to; where it resolves to
+    nothing, loopback, with a warning: ranks on other hosts could not reach this process."""
+    if not remote and not discovery:
+        return "127.0.0.1"
+    for host in remote:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((host, 9))
+                return s.getsockname()[0]
+        except OSError:
+            continue
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError as e:
+        print("horovod_cpp.runner.run: WARNING: this machine's name %r resolves to no address "
+              "(%s); ranks on other hosts could not reach this process: add it to DNS or "
+              "/etc/hosts. Using 127.0.0.1." % (socket.gethostname(), e), file=sys.stderr,
+              flush=True)
+        return "127.0.0.1"
+
 def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
         reset_limit=None, hosts=None, hostfile=None, start_timeout=None, ssh_port=None,
         ssh_identity_file=None, disable_cache=None, output_filename=None, verbose=None,
@@ -121,9 +147,7 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
     key = network.new_key()
     job = JobService(key, payload, stream=True, ranks=None if elastic else np, elastic=elastic)
     try:
-        # Remote ranks reach this process at the address its host name resolves to.
-        address = ("127.0.0.1" if not remote and not host_discovery_script
-                   else socket.gethostbyname(socket.gethostname()))
+        address = driver_address(remote, bool(host_discovery_script))
         env = dict(os.environ, HVD_SPARK_JOB="%s:%d" % (address, job.port),
                    HVD_SPARK_KEY=key.hex(), HVD_SPARK_ALL_RESULTS="1")
         job.launch(command, env)

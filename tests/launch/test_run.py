@@ -143,3 +143,16 @@ def test_elastic_a_lost_worker_shrinks_the_job_and_the_last_rounds_ranks_report(
     assert [(r[0], r[1]) for r in results] == [(0, 2), (1, 2)]
     assert {r[2] for r in results} == {names[0] + ":0", names[2] + ":0"}
     assert all(r[3] == 30 and r[4] == 2.0 for r in results)  # every step, the last at size 2
+
+
+def test_the_driver_address_where_this_machines_name_resolves_to_nothing(monkeypatch, capsys):
+    # (fresh-machine.sh's chroot: its host name is in neither DNS nor /etc/hosts; the elastic
+    # test above failed there with socket.gaierror before any rank started.)
+    from horovod_cpp.runner import api
+    assert api.driver_address([], False) == "127.0.0.1"  # every rank on this machine
+    assert api.driver_address(["127.0.0.1"], False) == "127.0.0.1"  # the route's own address
+    monkeypatch.setattr(api.socket, "gethostname", lambda: "no-such-host.invalid")
+    assert api.driver_address([], True) == "127.0.0.1"
+    assert "'no-such-host.invalid' resolves to no address" in capsys.readouterr().err
+    assert api.driver_address(["127.0.0.1"], True) == "127.0.0.1"  # no name needed
+    assert capsys.readouterr().err == ""
