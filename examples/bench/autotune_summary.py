@@ -32,14 +32,13 @@ def read_log(path):
     index of the first sample after the search ended (None if it never did)."""
     samples, settled_at = [], None
     with open(path) as f:
-        rows = [line for line in f]
-    for line in rows:
-        if line.startswith("# best:") and settled_at is None:
-            settled_at = len(samples)
-        if not line[:1].isdigit():
-            continue
-        r = next(csv.reader([line]))
-        samples.append({"phase": r[1], "knobs": tuple(r[2:7]), "score": float(r[7])})
+        for line in f:
+            if line.startswith("# best:") and settled_at is None:
+                settled_at = len(samples)
+            if not line[:1].isdigit():
+                continue
+            r = next(csv.reader([line]))
+            samples.append({"phase": r[1], "knobs": tuple(r[2:7]), "score": float(r[7])})
     return samples, settled_at
 
 

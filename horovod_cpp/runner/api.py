@@ -16,29 +16,24 @@ import socket
 import sys
 
 from horovod_cpp.job import mpirun
+from horovod_cpp.job.remote import facing_address, is_local
 from horovod_cpp.runner import launch
 
 # horovod.run's parameters that horovod_cpp does not have.
 _NOT_YET = ("disable_cache",)
 
 
-
-def driver_address(remote, discovery):
-    """The address the ranks reach this process at. Every rank here: loopback. Remote hosts
-    known: this machine's address on the route to the first of them that resolves (a UDP
-    socket's connect picks it; nothing is sent), which is right where the machine's own name
-    resolves to 127.0.1.1 (Debian's /etc/hosts) or to nothing. Else (hosts from a discovery
-    script, not known yet) the address this machine's name resolves to; where it resolves to
-    nothing, loopback, with a warning: ranks on other hosts could not reach this process."""
-    if not remote and not discovery:
+def driver_address(hosts, discovery):
+    """The address the ranks reach this process at, hosts being [(host, slots)]. Remote hosts
+    known: job.remote.facing_address's (the source address of the route to them; also right
+    where this machine's name resolves to Debian's 127.0.1.1 or to nothing). Every rank here:
+    loopback. Hosts from a discovery script, not known yet: the address this machine's name
+    resolves to; where it resolves to nothing, loopback, with a warning: ranks on other hosts
+    could not reach this process."""
+    if any(not is_local(h) for h, _ in hosts):
+        return facing_address(hosts)
+    if not discovery:
         return "127.0.0.1"
-    for host in remote:
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((host, 9))
-                return s.getsockname()[0]
-        except OSError:
-            continue
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError as e:
@@ -47,6 +42,7 @@ def driver_address(remote, discovery):
               "/etc/hosts. Using 127.0.0.1." % (socket.gethostname(), e), file=sys.stderr,
               flush=True)
         return "127.0.0.1"
+
 
 def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
         reset_limit=None, hosts=None, hostfile=None, start_timeout=None, ssh_port=None,
@@ -140,14 +136,13 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
         unreachable = launch.unreachable_error(options, host_list)
         if unreachable:
             raise HorovodRunnerError(unreachable)
-    remote = [h for h, _ in host_list or [] if not mpirun.is_this_host(h)]
 
     payload = pickle_main(functools.partial(func, *args), dict(kwargs or {}),
                           caller="horovod_cpp.runner.run")
     key = network.new_key()
     job = JobService(key, payload, stream=True, ranks=None if elastic else np, elastic=elastic)
     try:
-        address = driver_address(remote, bool(host_discovery_script))
+        address = driver_address(host_list or [], bool(host_discovery_script))
         env = dict(os.environ, HVD_SPARK_JOB="%s:%d" % (address, job.port),
                    HVD_SPARK_KEY=key.hex(), HVD_SPARK_ALL_RESULTS="1")
         job.launch(command, env)

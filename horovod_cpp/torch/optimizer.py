@@ -221,7 +221,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _decompress(self, p, output, ctx):
         """p.grad = decompress(output, ctx), in place where _compress used a wire buffer."""
-        if p.grad is not None and self._wire.get(p) is output:
+        if self._wire.get(p) is output:
             self._compression.decompress_into(output, ctx, p.grad)
         else:
             p.grad.set_(self._compression.decompress(output, ctx))

@@ -150,9 +150,10 @@ def test_the_driver_address_where_this_machines_name_resolves_to_nothing(monkeyp
     # test above failed there with socket.gaierror before any rank started.)
     from horovod_cpp.runner import api
     assert api.driver_address([], False) == "127.0.0.1"  # every rank on this machine
-    assert api.driver_address(["127.0.0.1"], False) == "127.0.0.1"  # the route's own address
+    assert api.driver_address([("127.0.0.1", 2)], False) == "127.0.0.1"
     monkeypatch.setattr(api.socket, "gethostname", lambda: "no-such-host.invalid")
     assert api.driver_address([], True) == "127.0.0.1"
     assert "'no-such-host.invalid' resolves to no address" in capsys.readouterr().err
-    assert api.driver_address(["127.0.0.1"], True) == "127.0.0.1"  # no name needed
+    # A host that is not this one (by name) is reached through the route to it: no name needed.
+    assert api.driver_address([("localhost", 1), ("127.0.0.2", 1)], True) == "127.0.0.1"
     assert capsys.readouterr().err == ""
