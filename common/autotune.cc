@@ -2,6 +2,7 @@
 #include "common/autotune.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <iomanip>
@@ -58,6 +59,9 @@ std::vector<TunedKnobs> CycleValues(const TunedKnobs& at) {
 std::vector<TunedKnobs> CacheValues(const TunedKnobs& at) {
   return Vary<bool>(at, at.cache, {true, false}, [](TunedKnobs* k, bool v) { k->cache = v; });
 }
+
+// The re-check's order: true for the challenger's samples.
+constexpr std::array<bool, 4> kRecheckOrder = {true, false, false, true};
 
 double Mean(const std::vector<double>& v) {
   return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / v.size();
@@ -245,16 +249,20 @@ void Autotuner::Decide(double score) {
   }
   ++search_samples_;
   if (rechecking_) {
-    (current_ == challenger_ ? challenger_scores_ : incumbent_scores_).push_back(score);
-    if (challenger_scores_.size() < 2) {  // the incumbent went first; now the challenger
-      current_ = challenger_;
+    // ABBA: challenger, incumbent, incumbent, challenger. Each has the same mean position in
+    // time, so a job that speeds up or slows down steadily favours neither.
+    const size_t done = challenger_scores_.size() + incumbent_scores_.size();
+    (kRecheckOrder[done] ? challenger_scores_ : incumbent_scores_).push_back(score);
+    if (done + 1 < kRecheckOrder.size()) {
+      current_ = kRecheckOrder[done + 1] ? challenger_ : incumbent_;
     } else {
       const double c = Mean(challenger_scores_), i = Mean(incumbent_scores_);
       const bool adopt = c > i * (1 + kMargin);
       std::ostringstream line;
       line << "# " << dimensions_[dimension_].name << ": " << DescribeKnobs(challenger_)
            << " scored " << std::setprecision(4) << c / 1e6 << " MB/s against "
-           << i / 1e6 << " MB/s of " << DescribeKnobs(incumbent_) << " (2 samples each): "
+           << i / 1e6 << " MB/s of " << DescribeKnobs(incumbent_)
+           << " (re-checked in ABBA order, 2 samples each): "
            << (adopt ? "adopted" : "kept the incumbent");
       LogLine(line.str());
       if (adopt) best_ = challenger_;
@@ -275,13 +283,13 @@ void Autotuner::Decide(double score) {
       // Only a value that beat the incumbent by the margin gets a re-check.
       if (candidates_[winner] == best_ || scores_[winner] <= incumbent_score * (1 + kMargin)) {
         NextDimension();
-      } else {  // a challenger: sample the incumbent, then it, once more each
+      } else {  // a challenger: the pass only nominated it; the re-check decides alone
         rechecking_ = true;
         challenger_ = candidates_[winner];
         incumbent_ = best_;
-        challenger_scores_ = {scores_[winner]};
-        incumbent_scores_ = {incumbent_score};
-        current_ = incumbent_;
+        challenger_scores_.clear();
+        incumbent_scores_.clear();
+        current_ = challenger_;
       }
     }
   }

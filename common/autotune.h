@@ -13,9 +13,10 @@
 // 0's bytes reduced per second of wall time over it, which for a training loop is proportional
 // to its steps per second. After the warm-up samples, rank 0 searches one knob at a time (the
 // most consequential first): every value of the knob is sampled with the others at their best
-// so far, and a value other than the incumbent must win a re-check (each sampled once more,
-// alternately) by more than kMargin to be adopted, a small bandit per knob that noise does not
-// fool into a change. After at most --bayes-opt-max-samples samples it settles on the best
+// so far, and a value other than the incumbent must win a re-check by more than kMargin to be
+// adopted: the two sampled again in ABBA order (challenger, incumbent, incumbent, challenger),
+// deciding on those four samples alone, so that neither noise nor a job that speeds up or slows
+// down over time (which favours whatever is sampled later) fools it into a change. After at most --bayes-opt-max-samples samples it settles on the best
 // values. It then keeps scoring: when the score at those values moves by more than
 // kRetuneChange for kRetuneSamples samples in a row (a link got slower or faster, the job
 // changed), it searches again.
@@ -149,7 +150,7 @@ class Autotuner {
   std::vector<TunedKnobs> candidates_;
   std::vector<double> scores_;     // per candidate
   size_t next_ = 0;                // next candidate to sample
-  // Re-check: the challenger and the incumbent, sampled alternately.
+  // Re-check: the challenger and the incumbent, sampled in ABBA order.
   bool rechecking_ = false;
   TunedKnobs challenger_, incumbent_;
   std::vector<double> challenger_scores_, incumbent_scores_;
