@@ -54,7 +54,7 @@ if ((quick)); then
 else
   AR=(--reps 60 --resnet-reps 20); TL=(); ST=(--blocks 16); PP=(); VH=(); ROUNDS=3
   XR=(--reps 8 --resnet-reps 4); XS=(--steps 30)
-  ATS=(1450 700)               # autotune: steps of A1/A2's jobs (search, then 4 rounds of
+  ATS=(2900 700)               # autotune: steps of A1/A2's jobs (search, then ~9 rounds of
                                # the 32 comparisons, each beside a tuned sample), A3's
   FTD=(--blocks 2 --steps 2)   # Debian's torch: ~10 s a step
   FTP=(--blocks 3 --steps 4)   # PyPI's: ~1 s
