@@ -16,10 +16,10 @@
 // so far, and a value other than the incumbent must win a re-check by more than kMargin to be
 // adopted: the two sampled again in ABBA order (challenger, incumbent, incumbent, challenger),
 // deciding on those four samples alone, so that neither noise nor a job that speeds up or slows
-// down over time (which favours whatever is sampled later) fools it into a change. After at most --bayes-opt-max-samples samples it settles on the best
-// values. It then keeps scoring: when the score at those values moves by more than
-// kRetuneChange for kRetuneSamples samples in a row (a link got slower or faster, the job
-// changed), it searches again.
+// down over time (which favours whatever is sampled later) fools it into a change. After at
+// most --bayes-opt-max-samples samples it settles on the best values. It then keeps scoring:
+// when the score at those values moves by more than kRetuneChange for kRetuneSamples samples in
+// a row (a link got slower or faster, the job changed), it searches again.
 //
 // Agreement: at the end of every sample each rank calls Exchange(), a broadcast from rank 0 of
 // the knobs to use from the next cycle on (the values it decided, its phase). The background

@@ -78,15 +78,13 @@ def summarize(workload, path, steps_per_sample):
         # setting by its earlier half of rounds, scored on its later half. The best of 16
         # noisy medians, scored on the samples that made it the best, is biased upwards (by
         # ~1.5 standard errors here), a winner's curse the tuner's figure would pay for.
+        in_sample = max(relative, key=relative.get)
+        best, ratio = in_sample, 1.0 / relative[in_sample]  # too few samples to split
         halves = {k: (v[:len(v) // 2], v[len(v) // 2:]) for k, v in ratios.items()
                   if len(v) >= 2}
         if halves:
             best = max(halves, key=lambda k: statistics.median(halves[k][0]))
             ratio = 1.0 / statistics.median(halves[best][1])
-        else:
-            best = max(relative, key=relative.get)
-            ratio = 1.0 / relative[best]
-        in_sample = max(relative, key=relative.get)
         met = ratio >= 0.95 and settled_step <= WITHIN_STEPS
         print("FIGURE A1 name=autotune_vs_best_static_%s settled_step=%d tuned=[%s] "
               "baseline=best_static(%s) static_settings=%d samples_each=%d ratio=%.3f "
