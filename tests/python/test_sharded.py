@@ -288,7 +288,9 @@ def test_mixed_dtypes_match_distributed_optimizer(stage):
     """fp32, bf16 and fp16 parameters (three buckets) against DistributedOptimizer. Not
     bit-equal: PyTorch's CPU kernels round half-precision elements differently in their
     vectorized body and their scalar tail, and a flat slice puts the tail elsewhere; the bf16 and
-    fp16 layers' one-ulp differences then reach the fp32 layer's gradient."""
+    fp16 layers' one-ulp differences then reach the fp32 layer's gradient (it is the first
+    layer: its gradient comes back through the bf16 one, ~3 significant digits), so fp32 is
+    held to 1e-3 here (1e-4 failed once, Gloo np 3: 1.4e-4 on 1 of 64 elements)."""
     try:  # PyTorch 1.13 has no fp16 matmul on the CPU: fp64 for the third dtype there
         torch.ones(1, 1).half() @ torch.ones(1, 1).half()
         third = torch.float16
@@ -321,7 +323,7 @@ def test_mixed_dtypes_match_distributed_optimizer(stage):
             o.step()
     for p, q in zip(model.parameters(), ref.parameters()):
         assert p.dtype == q.dtype
-        tol = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 1e-3),
+        tol = {torch.float32: (1e-3, 1e-3), torch.bfloat16: (2e-2, 1e-3),
                torch.float16: (1e-2, 1e-3), torch.float64: (1e-4, 1e-4)}[p.dtype]
         torch.testing.assert_close(p, q, rtol=tol[0], atol=tol[1])
 
