@@ -422,6 +422,47 @@ TEST(Core, DuplicateNameIsRejectedUntilItsHandleIsWaited) {
   EXPECT_EQ(GetStats()->reserved_names, 0u);
 }
 
+TEST(Core, AllreduceOnEitherSideOfGloosDirectExchangeBound) {
+  // The Gloo backend exchanges every rank's block directly while a call's (N-1) x bytes is at
+  // most 1 MiB, and runs Gloo's ring above that; buffers are reduced in chunks of at most 1 MiB.
+  // Lengths below, at and just above the bound, and a few chunks long, with every op, enqueued
+  // together (so fused too), against values computed here: they are multiples of 0.5 of small
+  // magnitude, exact in float32 however the ranks' blocks are combined.
+  const int64_t bound = (int64_t{1} << 20) / std::max(1, N() - 1) / 4;  // float32 elements
+  const int64_t lengths[] = {3, bound, bound + 1, 3 * bound + 7};
+  const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
+  struct Case {
+    ReduceOp op;
+    std::vector<float> x;
+    Handle handle;
+  };
+  std::vector<Case> cases;
+  for (int64_t n : lengths) {
+    for (ReduceOp op : ops) {
+      Case c{op, std::vector<float>(static_cast<size_t>(n)), 0};
+      for (int64_t i = 0; i < n; ++i) {
+        c.x[static_cast<size_t>(i)] = static_cast<float>(Contribution(DataType::kFloat32, R(), i));
+      }
+      cases.push_back(std::move(c));
+    }
+  }
+  for (Case& c : cases) {
+    const int64_t n = static_cast<int64_t>(c.x.size());
+    auto h = EnqueueAllreduce(View(c.x.data(), {n}), View(c.x.data(), {n}),
+                              "bound." + std::to_string(n) + "." + ReduceOpName(c.op), {c.op});
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    c.handle = *h;
+  }
+  for (Case& c : cases) {
+    ASSERT_TRUE(Wait(c.handle).ok());
+    for (size_t i = 0; i < c.x.size(); ++i) {
+      ASSERT_EQ(c.x[i], static_cast<float>(Expected(DataType::kFloat32, c.op, N(),
+                                                    static_cast<int64_t>(i))))
+          << ReduceOpName(c.op) << " length " << c.x.size() << " element " << i;
+    }
+  }
+}
+
 TEST(Core, FusionMergesSmallTensorsIntoFewCalls) {
   const Stats before = *GetStats();
   std::vector<std::vector<float>> t(100, std::vector<float>(16));
