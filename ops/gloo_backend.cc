@@ -242,19 +242,13 @@ class GlooBackend final : public Backend {
     std::vector<char> frame(kFrameBytes);
     if (topo_.rank == root) FillFrame(*bytes, frame.data());
     HVD_RETURN_IF_ERROR(BroadcastOn(world_, frame.data(), kFrameBytes, root, "broadcast of bytes"));
-    const uint64_t len = FrameLength(frame.data());
-    if (topo_.rank == root) {
-      if (len <= kFramePayload) return Status::OK();
-      return BroadcastOn(world_, bytes->data() + kFramePayload,
-                         static_cast<int64_t>(len - kFramePayload), root, "broadcast of bytes");
+    if (topo_.rank != root && !ReadFrame(frame.data(), bytes)) {
+      return Status::Internal("an unreadable broadcast frame");
     }
-    if (len > (uint64_t{1} << 40)) return Status::Internal("an unreadable broadcast frame");
-    bytes->resize(static_cast<size_t>(len));
-    std::memcpy(bytes->data(), frame.data() + sizeof(uint64_t),
-                std::min<size_t>(static_cast<size_t>(len), kFramePayload));
-    if (len <= kFramePayload) return Status::OK();
+    if (bytes->size() <= kFramePayload) return Status::OK();
     return BroadcastOn(world_, bytes->data() + kFramePayload,
-                       static_cast<int64_t>(len - kFramePayload), root, "broadcast of bytes");
+                       static_cast<int64_t>(bytes->size() - kFramePayload), root,
+                       "broadcast of bytes");
   }
 
   Status AddProcessSet(int32_t id, const std::vector<int>& ranks) override {
@@ -567,10 +561,16 @@ class GlooBackend final : public Backend {
     std::memcpy(frame + sizeof(len), message.data(), std::min<size_t>(message.size(),
                                                                       kFramePayload));
   }
-  static uint64_t FrameLength(const char* frame) {
+  // `message` sized as the frame says, with the part the frame carries; false for a length no
+  // message can have.
+  static bool ReadFrame(const char* frame, std::vector<uint8_t>* message) {
     uint64_t len = 0;
     std::memcpy(&len, frame, sizeof(len));
-    return len;
+    if (len > (uint64_t{1} << 40)) return false;
+    message->resize(static_cast<size_t>(len));
+    std::memcpy(message->data(), frame + sizeof(len),
+                std::min<size_t>(message->size(), kFramePayload));
+    return true;
   }
 
   Status AllgatherBytes(const std::shared_ptr<gloo::Context>& ctx,
@@ -589,15 +589,11 @@ class GlooBackend final : public Backend {
     std::vector<size_t> rest(n), at(n);
     size_t total_rest = 0;
     for (size_t r = 0; r < n; ++r) {
-      const char* frame = frames.data() + r * kFrameBytes;
-      const uint64_t len = FrameLength(frame);
-      if (len > (uint64_t{1} << 40)) {
+      if (!ReadFrame(frames.data() + r * kFrameBytes, &(*all)[r])) {
         return Status::Internal("rank " + std::to_string(r) + " sent an unreadable frame");
       }
-      (*all)[r].resize(static_cast<size_t>(len));
-      std::memcpy((*all)[r].data(), frame + sizeof(uint64_t),
-                  std::min<size_t>(static_cast<size_t>(len), kFramePayload));
-      rest[r] = len > kFramePayload ? static_cast<size_t>(len) - kFramePayload : 0;
+      const size_t len = (*all)[r].size();
+      rest[r] = len > kFramePayload ? len - kFramePayload : 0;
       at[r] = total_rest;
       total_rest += rest[r];
     }
