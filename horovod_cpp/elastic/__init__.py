@@ -32,6 +32,20 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
+# Set by launchers whose workers run in a process of theirs (Ray's actors): a worker that the
+# driver removes raises WorkerRemoved instead of exiting the process.
+in_launcher_process = False
+
+
+class WorkerRemoved(BaseException):
+    """Raised by ``hvd.init()`` in place of exiting the process when the worker runs inside a
+    process its launcher keeps (a Ray actor) and the driver removed it from the job. A BaseException, so that a training loop's ``except Exception``
+    does not hold on to it."""
+
+    def __init__(self, worker_id):
+        super().__init__("worker %s was removed from the elastic job" % worker_id)
+
+
 def enabled():
     return os.environ.get("HOROVOD_ELASTIC") == "1"
 
@@ -75,6 +89,8 @@ class _Worker(object):
                 print("horovod_cpp elastic: worker %s leaves the job (the driver removed it)"
                       % self.id, file=sys.stderr, flush=True)
                 sys.stdout.flush()
+                if in_launcher_process:
+                    raise WorkerRemoved(self.id)
                 os._exit(0)
             store.set("elastic/%d/ready/%s" % (k, self.id), b"1")
             while time.monotonic() < deadline:

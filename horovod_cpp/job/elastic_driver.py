@@ -74,19 +74,25 @@ class ElasticDriver(object):
     ``spawn(host, env, command, secret)`` starts a worker (a Popen-like object, as
     remote.spawn); ``hostname(host)`` is the address its workers listen on
     (HOROVOD_HOSTNAME); ``lost(worker)`` says whether a worker that failed went down with its
-    host (then it is not blacklisted: its host left, and may come back); ``address`` is the
-    rendezvous server's address facing the workers."""
+    host (then it is not blacklisted: its host left, and may come back; a number instead of
+    True: the host gets no new workers for that many seconds, its other workers go on);
+    ``address`` is the
+    rendezvous server's address facing the workers; ``stop(p)`` stops a worker that
+    ``spawn`` started (default: remote.stop_process). A worker object without ``stdout``
+    (None) has no output to read (Ray's actors: Ray forwards it)."""
 
     def __init__(self, command, np, min_np, max_np, hosts=None, discovery_script=None,
                  slots_per_host=1, elastic_timeout=600.0, reset_limit=None,
                  cooldown_range=None, env=None, on_line=None, ssh_args=(), ssh="ssh",
-                 log=None, discover=None, spawn=None, hostname=None, lost=None, address=None):
+                 log=None, discover=None, spawn=None, hostname=None, lost=None, address=None,
+                 stop=None):
         self.command = list(command)
         self.np, self.min_np, self.max_np = np, min_np, max_np
         self.fixed_hosts = dict(hosts) if hosts else None
         self.discovery_script = discovery_script
         self.discover_fn, self.spawn_fn = discover, spawn
         self.hostname_fn, self.lost_fn = hostname, lost
+        self.stop_fn = stop or remote.stop_process
         self.address = address
         self.slots_per_host = slots_per_host
         self.elastic_timeout = elastic_timeout
@@ -160,13 +166,14 @@ class ElasticDriver(object):
         else:
             w.proc = remote.spawn(host, self.worker_env(w), self.command, self.secret,
                                     self.ssh_args, self.ssh)
-        remote.read_output(w.proc, w.id, self.on_line)
+        if getattr(w.proc, "stdout", None) is not None:
+            remote.read_output(w.proc, w.id, self.on_line)
         self.workers.append(w)
         return w
 
     def stop_worker(self, w):
         w.removed = True
-        remote.stop_process(w.proc)
+        self.stop_fn(w.proc)
         w.ended = w.proc.returncode
 
     def live_workers(self):
@@ -244,7 +251,7 @@ class ElasticDriver(object):
         finally:
             for w in self.workers:
                 if w.ended is None:
-                    remote.stop_process(w.proc)
+                    self.stop_fn(w.proc)
             self.server.stop()
 
     def _run(self, hosts):
@@ -264,13 +271,18 @@ class ElasticDriver(object):
             for w in self.workers:
                 if w.ended is None and not w.removed and w.proc.poll() is not None:
                     w.ended = w.proc.returncode
+                    rest = (self.lost_fn(w) if w.ended != 0 and self.lost_fn is not None
+                            else False)
                     if w.ended == 0:
                         first_success = first_success or now
-                    elif self.lost_fn is not None and self.lost_fn(w):
+                    elif rest:
                         why = "worker %s's host %s is gone" % (w.id, w.host)
                         self.log(why)
                         w.removed = True
                         need = need or why
+                        if not isinstance(rest, bool):
+                            self.blacklist[w.host] = max(self.blacklist.get(w.host, 0),
+                                                         now + rest)
                     else:
                         why = "worker %s ended with %s" % (w.id, proc.describe_exit(
                             w.ended))
@@ -314,7 +326,9 @@ class ElasticDriver(object):
                     if all(w in resets for w in live_members):
                         need = "hosts added"
                 else:
-                    need = "worker %s asked for a reset" % resets[0].id
+                    why = self.server.get("elastic/%d/reset/%s" % (k, resets[0].id)) or b""
+                    need = "worker %s asked for a reset (%s)" % (
+                        resets[0].id, why.decode("utf-8", "replace")[:300])
             if need is None:
                 continue
             if len(self.live_workers()) < self.min_np:

@@ -25,14 +25,17 @@ worker's exception is raised by ``run`` as ``horovod_cpp.job.service.RankError``
 traceback; also ``horovod_cpp.spark.RankError``), a worker or node that dies as
 ``HorovodRunnerError`` naming the rank and the node. After an error the other workers may
 still be waiting for the failed one (up to HOROVOD_GLOO_TIMEOUT_SECONDS): ``shutdown()`` ends
-them, then ``start()`` again. Elastic Ray (``ElasticRayExecutor``, ``min_workers``) is not
-implemented: use ``horovod_cpp.runner.run(min_np=...)`` or ``horovod_cpp.spark.run_elastic``.
+them, then ``start()`` again.
+
+Elastic jobs: ``ElasticRayExecutor``, or ``RayExecutor(settings, min_workers=...,
+max_workers=...)`` (horovod_cpp/ray/elastic.py).
 """
 import os
 import socket
 import traceback
 from dataclasses import dataclass
 
+from horovod_cpp.elastic import WorkerRemoved
 from horovod_cpp.job.rendezvous import RendezvousServer, new_secret
 from horovod_cpp.job.service import HorovodRunnerError, RankError
 
@@ -72,16 +75,24 @@ class _Worker(object):
         # Each run meets under a rendezvous scope of its own: a run that failed on some ranks
         # leaves no state that the next run could trip over.
         os.environ["HOROVOD_GLOO_SCOPE"] = "ray/run%d" % run_id
-        try:
-            return ("ok", call())
-        except BaseException as e:  # sent back with its traceback
-            return ("error", (type(e).__name__, str(e), traceback.format_exc(), _picklable(e)))
+        return _outcome(call)
 
     def run(self, run_id, fn, args, kwargs):
         return self._scoped(run_id, lambda: fn(*(args or ()), **(kwargs or {})))
 
     def execute(self, run_id, fn):
         return self._scoped(run_id, lambda: fn(self._executable))
+
+
+def _outcome(call):
+    """("ok", call()), or ("error", (type name, message, traceback, the exception if it
+    pickles)) when it raises: what a worker sends back."""
+    try:
+        return ("ok", call())
+    except WorkerRemoved:  # (an elastic worker the driver let go: not an error)
+        raise
+    except BaseException as e:  # sent back with its traceback
+        return ("error", (type(e).__name__, str(e), traceback.format_exc(), _picklable(e)))
 
 
 def _picklable(exc):
@@ -132,11 +143,24 @@ class RayExecutor(object):
                  use_current_placement_group=True, min_workers=None, max_workers=None,
                  reset_limit=None, cooldown_range=None, elastic_timeout=600,
                  override_discovery=True):
+        self._elastic = None
         if min_workers is not None or max_workers is not None:
-            raise NotImplementedError(
-                "elastic Ray jobs (min_workers/max_workers, ElasticRayExecutor) are not "
-                "implemented; use horovod_cpp.runner.run(min_np=...) or "
-                "horovod_cpp.spark.run_elastic for elastic training")
+            # Elastic mode (Horovod's): the workers are the cluster's slots, between
+            # min_workers and max_workers; run() as ElasticRayExecutor's.
+            if num_workers or num_hosts:
+                raise ValueError("num_workers/num_hosts and min_workers/max_workers are "
+                                 "exclusive (elastic mode sizes the job from the cluster)")
+            settings = settings or Settings()
+            self._elastic = ElasticRayExecutor(
+                ElasticRayExecutor.create_settings(
+                    min_np=min_workers or 1, max_np=max_workers, reset_limit=reset_limit,
+                    cooldown_range=cooldown_range, elastic_timeout=elastic_timeout,
+                    timeout_s=settings.timeout_s, nics=settings.nics,
+                    verbose=getattr(settings, "verbose", 1)),
+                use_gpu=use_gpu, cpus_per_slot=cpus_per_worker, gpus_per_slot=gpus_per_worker)
+            self.settings = settings
+            self.workers = []
+            return
         if not (num_workers or num_hosts):
             raise ValueError("one of num_workers and num_hosts must be set")
         if num_workers and num_hosts:
@@ -167,7 +191,15 @@ class RayExecutor(object):
 
     def start(self, executable_cls=None, executable_args=None, executable_kwargs=None,
               extra_env_vars=None):
-        """Starts the workers (all at once, or a clear error) and sets up their ranks."""
+        """Starts the workers (all at once, or a clear error) and sets up their ranks. In
+        elastic mode: connects to the cluster (the workers start with each run)."""
+        if self._elastic is not None:
+            if executable_cls is not None:
+                raise NotImplementedError("RayExecutor: executable_cls in elastic mode "
+                                          "(min_workers/max_workers), as in Horovod")
+            self._elastic.env_vars.update({k: str(v) for k, v in
+                                           (extra_env_vars or {}).items()})
+            return self._elastic.start()
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -249,6 +281,8 @@ class RayExecutor(object):
 
     def shutdown(self):
         """Stops the workers (killing any still busy) and frees their resources."""
+        if self._elastic is not None:
+            return  # (each elastic run stops its workers when it ends)
         import ray
         from ray.util.placement_group import remove_placement_group
 
@@ -271,7 +305,10 @@ class RayExecutor(object):
     # ---- running -------------------------------------------------------------------------
 
     def run(self, fn, args=None, kwargs=None, callbacks=None):
-        """``fn(*args, **kwargs)`` on every worker; the list of their values, in rank order."""
+        """``fn(*args, **kwargs)`` on every worker; the list of their values, in rank order.
+        In elastic mode: an elastic job (``ElasticRayExecutor.run``), the last round's values."""
+        if self._elastic is not None:
+            return self._elastic.run(fn, callbacks, args=args, kwargs=kwargs)
         return self._get(self.run_remote(fn, args, kwargs, _wrapped=True))
 
     def run_remote(self, fn, args=None, kwargs=None, _wrapped=False):
@@ -295,6 +332,10 @@ class RayExecutor(object):
         return self._get([self.workers[0].execute.remote(self._runs, fn)])[0]
 
     def _started(self):
+        if self._elastic is not None:
+            raise NotImplementedError("RayExecutor: run_remote, execute and execute_single "
+                                      "in elastic mode (min_workers/max_workers), as in "
+                                      "Horovod: use run")
         if not self.workers:
             raise RuntimeError("RayExecutor: start() first")
 
@@ -364,4 +405,6 @@ def _facing_address(node_ips):
         return s.getsockname()[0]
 
 
-__all__ = ["RayExecutor", "Settings"]
+from horovod_cpp.ray.elastic import ElasticRayExecutor, ElasticSettings  # noqa: E402
+
+__all__ = ["ElasticRayExecutor", "ElasticSettings", "RayExecutor", "Settings"]

@@ -2,7 +2,10 @@
 worker's value in rank order, collectives between the workers, execute/execute_single with an
 executable class, several runs in one executor, a worker's exception with its traceback, a
 worker that dies, too few CPUs, resources that stay busy, and nothing left after shutdown.
-Across the test bed's hosts: tests/multihost/ray."""
+Elastic (ElasticRayExecutor, RayExecutor(min_workers=...)): the last round's values, a worker
+that dies mid-run dropped while the others go on, a raising worker's node blacklisted, too few
+slots. Across the test bed's hosts (a node killed and restarted: the job shrinks and grows
+back): tests/multihost/ray."""
 import os
 import socket
 import sys
@@ -13,9 +16,13 @@ import ray
 
 from horovod_cpp import _import_core
 from horovod_cpp.job.service import HorovodRunnerError, RankError
-from horovod_cpp.ray import RayExecutor
+from horovod_cpp.ray import ElasticRayExecutor, RayExecutor
+
+import elastic_counter
+from elastic_counter import count_steps
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(elastic_counter)
 
 pytestmark = [pytest.mark.deadline(240),
               pytest.mark.skipif(not _import_core().gloo_built(), reason="built without Gloo")]
@@ -137,8 +144,14 @@ def test_arguments_and_elastic_are_refused_clearly():
         RayExecutor(settings, num_workers=2, num_hosts=2)
     with pytest.raises(ValueError, match="gpus_per_worker is set but use_gpu is False"):
         RayExecutor(settings, num_workers=2, gpus_per_worker=1)
-    with pytest.raises(NotImplementedError, match="elastic Ray jobs"):
-        RayExecutor(settings, min_workers=1, max_workers=2)
+    with pytest.raises(ValueError, match="num_workers/num_hosts and min_workers"):
+        RayExecutor(settings, num_workers=2, min_workers=1)
+    with pytest.raises(ValueError, match="need min_np <= max_np"):
+        ElasticRayExecutor(ElasticRayExecutor.create_settings(min_np=3, max_np=2))
+    with pytest.raises(ValueError, match="gpus_per_slot is set but use_gpu is False"):
+        ElasticRayExecutor(ElasticRayExecutor.create_settings(), gpus_per_slot=1)
+    with pytest.raises(RuntimeError, match="start"):
+        ElasticRayExecutor(ElasticRayExecutor.create_settings()).run(count_steps)
     with pytest.raises(RuntimeError, match="start"):
         RayExecutor(settings, num_workers=1).run(rank_sum, args=[1])
 
@@ -156,3 +169,86 @@ def test_shutdown_leaves_no_worker(executor):
     while ray.available_resources().get("CPU") != 4 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("CPU") == 4
+
+
+# ---- elastic ---------------------------------------------------------------------------------
+
+def elastic(**kw):
+    e = ElasticRayExecutor(ElasticRayExecutor.create_settings(timeout_s=20, verbose=0, **kw))
+    e.start()
+    return e
+
+
+def test_elastic_every_rank_of_the_last_round_reports(cluster):
+    # 4 slots of 1 CPU on the one node; max_np 3 of them.
+    e = elastic(min_np=2, max_np=3)
+    results = e.run(count_steps)
+    assert [r[:4] for r in results] == [(r, 3, 25, 3.0) for r in range(3)]
+    assert all(r[4] == [3] for r in results) and len(e.history) == 1
+    # RayExecutor's elastic mode is the same job, with arguments.
+    r = RayExecutor(RayExecutor.create_settings(timeout_s=20), min_workers=1, max_workers=2)
+    r.start()
+    assert [x[:4] for x in r.run(count_steps, kwargs={"steps": 5})] == [(0, 2, 5, 2.0),
+                                                                        (1, 2, 5, 2.0)]
+    with pytest.raises(NotImplementedError, match="elastic mode"):
+        r.execute(lambda _: 0)
+    r.shutdown()
+
+
+def test_elastic_a_worker_that_dies_is_dropped_and_the_job_goes_on(cluster):
+    e = elastic(min_np=2, max_np=3, elastic_timeout=60)
+    results = e.run(count_steps, kwargs={"fail": ":2$"})
+    assert [r[:4] for r in results] == [(0, 2, 25, 2.0), (1, 2, 25, 2.0)]
+    assert all(r[4] == [3, 2] for r in results)  # three ranks, then two: no restart from 0
+    assert [len(ids) for _, ids, _ in e.history] == [3, 2]
+    assert e.history[1][2].endswith(":2's host %s is gone" % e.history[1][1][0].rpartition(":")[0])
+
+
+def test_elastic_a_raising_worker_fails_the_job_with_its_error(cluster):
+    # The worker's node is blacklisted (for good), with the other workers on it: the one node
+    # here, so fewer than min_np are left and the job ends after elastic_timeout (which also
+    # bounds the actors' start: they import torch).
+    e = elastic(min_np=2, max_np=2, elastic_timeout=20)
+    with pytest.raises(HorovodRunnerError, match=r"first failure: worker .*:1 raised KeyError: "
+                                                 r"'bad batch in worker .*:1'") as info:
+        e.run(count_steps, kwargs={"fail": ":1$", "how": "raise"})
+    assert isinstance(info.value.__cause__, RankError)
+    assert "in train" in info.value.__cause__.remote_traceback
+    with pytest.raises(ValueError, match="4 slots of 1 CPUs, fewer than min_np 5"):
+        elastic(min_np=5).run(count_steps)
+    # Nothing left: every actor stopped, the CPUs free again.
+    import time
+    deadline = time.monotonic() + 20
+    while ray.available_resources().get("CPU") != 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU") == 4
+
+
+def test_a_removed_worker_in_a_launchers_process_raises_instead_of_exiting(monkeypatch):
+    # The driver's "stop" for a worker (more live workers than max_np): a worker in a process
+    # of its own exits (0); one in a Ray actor raises WorkerRemoved, which the actor reports as
+    # a clean end. No Ray needed: the rendezvous store as the driver writes it.
+    from horovod_cpp import elastic
+    from horovod_cpp.job.rendezvous import RendezvousServer, new_secret
+    secret = new_secret()
+    server = RendezvousServer(secret, bind="127.0.0.1")
+    try:
+        server.put("elastic/0/assign/n@1.2.3.4:3", b"stop")
+        server.put("elastic/round", b"0")
+        for name, value in (("HOROVOD_ELASTIC_WORKER_ID", "n@1.2.3.4:3"),
+                            ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1"),
+                            ("HOROVOD_GLOO_RENDEZVOUS_PORT", str(server.port)),
+                            ("HOROVOD_GLOO_SECRET", secret), ("HOROVOD_ELASTIC_TIMEOUT", "10")):
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(elastic, "in_launcher_process", True)
+
+        def no_exit(code):  # (an exit here would end pytest itself, with status 0)
+            raise AssertionError("the worker exited (%d) instead of raising" % code)
+        monkeypatch.setattr(os, "_exit", no_exit)
+        with pytest.raises(elastic.WorkerRemoved, match="n@1.2.3.4:3 was removed"):
+            elastic._Worker().join()
+        from horovod_cpp.ray.elastic import _ElasticWorker
+        assert _ElasticWorker().run({}, lambda: elastic._Worker().join(), None, None) == (
+            "removed", None)
+    finally:
+        server.stop()

@@ -3,7 +3,6 @@
 job goes on with the rest, too few tasks is a clear error, and nothing is left running. A lost
 executor that comes back is tested on the test bed's Spark cluster
 (tests/multihost/spark/test_cluster.py)."""
-import os
 import sys
 
 import cloudpickle
@@ -12,37 +11,14 @@ import pytest
 from horovod_cpp import _import_core
 from horovod_cpp.spark import HorovodRunnerError, run_elastic
 
+import elastic_counter
+from elastic_counter import count_steps
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(elastic_counter)
 
 pytestmark = [pytest.mark.deadline(240),
               pytest.mark.skipif(not _import_core().gloo_built(), reason="built without Gloo")]
-
-
-def count_steps(fail_task=None, steps=25, fail_at=8):
-    """Elastic training of a counter: each step allreduces every rank's 1 and commits. The
-    worker in Spark task ``fail_task`` (its worker id names the task) exits at step
-    ``fail_at``. Returns (rank, size, step, last sum, the sizes seen, in order)."""
-    import torch
-
-    import horovod_cpp.torch as hvd
-    hvd.init()
-    state = hvd.elastic.ObjectState(step=0, total=0.0, sizes=[])
-
-    @hvd.elastic.run
-    def train(state):
-        while state.step < steps:
-            if not state.sizes or state.sizes[-1] != hvd.size():
-                state.sizes = state.sizes + [hvd.size()]
-            state.total = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="count").item()
-            worker = os.environ["HOROVOD_ELASTIC_WORKER_ID"]
-            if fail_task is not None and state.step == fail_at and \
-                    worker.startswith("task%d@" % fail_task):
-                os._exit(3)
-            state.step += 1
-            state.commit()
-
-    train(state)
-    return hvd.rank(), hvd.size(), state.step, state.total, state.sizes
 
 
 def test_every_rank_of_the_last_round_reports(spark):
@@ -51,7 +27,7 @@ def test_every_rank_of_the_last_round_reports(spark):
 
 
 def test_a_failed_worker_is_dropped_and_the_job_goes_on(spark):
-    results = run_elastic(count_steps, kwargs={"fail_task": 1}, num_proc=3, min_np=2,
+    results = run_elastic(count_steps, kwargs={"fail": "^task1@"}, num_proc=3, min_np=2,
                           max_np=3, elastic_timeout=60, verbose=0)
     assert [(r[0], r[1], r[2], r[3]) for r in results] == [(0, 2, 25, 2.0), (1, 2, 25, 2.0)]
     assert all(r[4] == [3, 2] for r in results)  # three ranks, then two: no restart from 0

@@ -229,11 +229,11 @@ rm -f "$spark_report"
 # A Ray cluster across the hosts (testbed.sh ray up: the head on hvd-h1, the driver's host, with
 # no CPUs; a 2-CPU node on hvd-h2 and hvd-h3, token authentication): horovod_cpp.ray's
 # RayExecutor there (tests/multihost/ray: placement, ranks per host, errors, and last a worker
-# host's processes killed mid-run).
+# host's processes killed mid-run, and mid-way through an elastic job, whose node then restarts).
 if selected "Ray cluster suite"; then
   if ray_up=$("$TESTBED" ray up --cpus 2 | tail -1); then
     read -r ray_address ray_token <<< "$ray_up"
-    run "Ray cluster suite (2 nodes x 2 CPUs)" 420 env HVD_RAY_ADDRESS="$ray_address" \
+    run "Ray cluster suite (2 nodes x 2 CPUs)" 600 env HVD_RAY_ADDRESS="$ray_address" \
       HVD_RAY_TOKEN_FILE="$ray_token" sh -c "cd '$ROOT_DIR/tests/multihost/ray' && \
       '$PY' -m pytest"
   else

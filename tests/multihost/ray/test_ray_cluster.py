@@ -2,8 +2,9 @@
 testbed.sh ray up: the head on hvd-h1, this driver's host, with no CPUs; a node with 2 CPUs on
 hvd-h2 and hvd-h3). Run on hvd-h1 by tests/multihost/run.sh, with HVD_RAY_ADDRESS and
 HVD_RAY_TOKEN_FILE set. Workers on both worker hosts with consecutive ranks per host, the
-num_hosts placement, a worker's exception, too few CPUs, and (last: it damages the cluster) a
-worker host's processes killed in the middle of a run."""
+num_hosts placement, a worker's exception, too few CPUs, and (last: they damage the cluster) a
+worker host's processes killed in the middle of a run, and in the middle of an elastic job
+(ElasticRayExecutor), which shrinks to the other host and grows back when the node restarts."""
 import os
 import socket
 import subprocess
@@ -25,7 +26,7 @@ import ray  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from pytest_deadline import deadline  # noqa: E402,F401
 from horovod_cpp.job.service import HorovodRunnerError, RankError  # noqa: E402
-from horovod_cpp.ray import RayExecutor  # noqa: E402
+from horovod_cpp.ray import ElasticRayExecutor, RayExecutor  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -151,3 +152,105 @@ def test_a_worker_host_killed_mid_run_is_named(cluster):
     took = outcome["at"] - killed_at
     assert took < 60, took
     print("\nray: hvd-h3 killed mid-run: run() raised %.1f s later: %s" % (took, error))
+
+
+def train_until(flag):
+    """Elastic training until the driver's test creates ``flag``: each step allreduces every
+    rank's 1 (it must come to the round's size) and whether the flag exists (so every rank
+    stops at the same step), and commits; rank 0 writes "size step" to ``flag``.progress.
+    Returns (rank, size, step, the sizes seen, host)."""
+    import torch
+
+    import horovod_cpp.torch as hvd
+    hvd.init()
+    state = hvd.elastic.ObjectState(step=0, sizes=[])
+
+    @hvd.elastic.run
+    def train(state):
+        while True:
+            if not state.sizes or state.sizes[-1] != hvd.size():
+                state.sizes = state.sizes + [hvd.size()]
+            count = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="count").item()
+            assert count == hvd.size(), (count, hvd.size())
+            stop = hvd.allreduce(torch.tensor([float(os.path.exists(flag))]), op=hvd.Max,
+                                 name="stop").item()
+            if stop:
+                return
+            state.step += 1
+            if hvd.rank() == 0:
+                with open(flag + ".tmp", "w") as f:
+                    f.write("%d %d" % (hvd.size(), state.step))
+                os.replace(flag + ".tmp", flag + ".progress")
+            time.sleep(0.05)
+            state.commit()
+
+    train(state)
+    return hvd.rank(), hvd.size(), state.step, state.sizes, socket.gethostname()
+
+
+def wait_for(what, test, seconds):
+    deadline_at = time.monotonic() + seconds
+    while not test():
+        assert time.monotonic() < deadline_at, "not within %g s: %s" % (seconds, what)
+        time.sleep(0.2)
+
+
+@pytest.mark.deadline(400)
+def test_an_elastic_job_shrinks_when_a_node_dies_and_grows_when_it_returns(cluster, tmp_path):
+    # After the test above: hvd-h3's restarted node counts once its dead predecessor is gone.
+    wait_for("4 CPUs in the cluster", lambda: ray.cluster_resources().get("CPU", 0) == 4, 90)
+    e = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_np=2, max_np=4, timeout_s=10,
+                                                               elastic_timeout=120))
+    e.start()
+    flag = str(tmp_path / "stop")  # (one file system: the test hosts share this machine's)
+    outcome = {}
+
+    def go():
+        try:
+            outcome["value"] = e.run(train_until, kwargs={"flag": flag})
+        except BaseException as err:
+            outcome["error"] = err
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    def training(size, after=0):  # rank 0 reports steps past ``after`` at ``size`` ranks
+        try:
+            with open(flag + ".progress") as f:
+                now_size, step = map(int, f.read().split())
+        except (OSError, ValueError):
+            return None
+        return step if now_size == size and step > after else None
+
+    try:
+        wait_for("training at 4 ranks", lambda: training(4, 5), 120)
+        killed_at = time.monotonic()
+        subprocess.run([TESTBED, "kill", "hvd-h3"], check=True, timeout=60)
+        wait_for("training at 2 ranks after hvd-h3 was killed", lambda: training(2), 60)
+        shrunk = time.monotonic() - killed_at
+        base = training(2)
+        wait_for("training on at 2 ranks", lambda: training(2, base + 5), 30)
+        restarted_at = time.monotonic()
+        subprocess.run([TESTBED, "ray", "node", "hvd-h3"], check=True, timeout=120)
+        wait_for("training at 4 ranks after hvd-h3's node restarted", lambda: training(4), 120)
+        grew = time.monotonic() - restarted_at
+        base = training(4)
+        wait_for("training on at 4 ranks", lambda: training(4, base + 5), 30)
+        open(flag, "w").close()
+        thread.join(60)
+        assert not thread.is_alive(), "run() did not return after the flag"
+    finally:
+        open(flag, "w").close()
+        thread.join(30)
+    assert "error" not in outcome, outcome["error"]
+    results = outcome["value"]
+    assert [r[:2] for r in results] == [(r, 4) for r in range(4)]
+    assert len({r[2] for r in results}) == 1 and results[0][2] > 0  # the same step everywhere
+    assert all(r[3] == [4, 2, 4] for r in results), results  # no restart from scratch
+    assert sorted(r[4] for r in results) == ["hvd-h2", "hvd-h2", "hvd-h3", "hvd-h3"]
+    # The rounds: 4 ranks, 2, 4. (The survivors may ask for a reset before Ray reports the
+    # killed workers dead: then a round of 4 forms first, and fails to as the deaths arrive.)
+    rounds = [len(ids) for _, ids, _ in e.history]
+    assert [n for i, n in enumerate(rounds) if i == 0 or rounds[i - 1] != n] == [4, 2, 4], \
+        e.history
+    print("\nray elastic: hvd-h3 killed: 2 ranks %.1f s later; its node restarted: 4 ranks "
+          "%.1f s after the restart began; %d steps" % (shrunk, grew, results[0][2]))
