@@ -39,8 +39,8 @@ in_launcher_process = False
 
 class WorkerRemoved(BaseException):
     """Raised by ``hvd.init()`` in place of exiting the process when the worker runs inside a
-    process its launcher keeps (a Ray actor) and the driver removed it from the job. A BaseException, so that a training loop's ``except Exception``
-    does not hold on to it."""
+    process its launcher keeps (a Ray actor) and the driver removed it from the job. A
+    BaseException, so that a training loop's ``except Exception`` does not hold on to it."""
 
     def __init__(self, worker_id):
         super().__init__("worker %s was removed from the elastic job" % worker_id)

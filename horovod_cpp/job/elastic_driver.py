@@ -76,10 +76,9 @@ class ElasticDriver(object):
     (HOROVOD_HOSTNAME); ``lost(worker)`` says whether a worker that failed went down with its
     host (then it is not blacklisted: its host left, and may come back; a number instead of
     True: the host gets no new workers for that many seconds, its other workers go on);
-    ``address`` is the
-    rendezvous server's address facing the workers; ``stop(p)`` stops a worker that
-    ``spawn`` started (default: remote.stop_process). A worker object without ``stdout``
-    (None) has no output to read (Ray's actors: Ray forwards it)."""
+    ``address`` is the rendezvous server's address facing the workers; ``stop(p)`` stops a
+    worker that ``spawn`` started (default: remote.stop_process). A worker object without
+    ``stdout`` (None) has no output to read (Ray's actors: Ray forwards it)."""
 
     def __init__(self, command, np, min_np, max_np, hosts=None, discovery_script=None,
                  slots_per_host=1, elastic_timeout=600.0, reset_limit=None,

@@ -18,8 +18,9 @@ others through the rendezvous store in this process. So
 * a node that dies takes its workers with it: the job goes on with the workers left (at least
   ``min_np``; it waits up to ``elastic_timeout`` for nodes otherwise). A node where a worker
   died gets no new worker for ``NODE_COOLDOWN`` seconds (its death may not have reached Ray's
-  control store yet; its other workers go on); a node that joins, a restarted one included (a new node id), gets workers, and
-  the job grows at the next ``state.commit()``, up to ``max_np``;
+  control store yet; its other workers go on); a node that joins, a restarted one included (a
+  new node id), gets workers, and the job grows at the next ``state.commit()``, up to
+  ``max_np``;
 * a worker whose function raises is dropped and its node blacklisted (for good, or for a time
   drawn from ``cooldown_range``), as in Horovod.
 
@@ -32,8 +33,8 @@ from dataclasses import dataclass
 
 from horovod_cpp.job.service import HorovodRunnerError, RankError
 
-# How long a node where one of our workers died is left out of the hosts (the head's health
-# checks take ~15-30 s to declare a killed node dead; a node that is fine comes back after it).
+# How long a node where one of our workers died gets no new worker (the head's health checks
+# take ~15-30 s to declare a killed node dead; a node that is fine gets workers again after it).
 NODE_COOLDOWN = 60.0
 
 
@@ -56,9 +57,6 @@ class ElasticSettings(object):
 
 class _ElasticWorker(object):
     """One slot's worker: a Ray actor on its node (made remote in ``_Job.spawn``)."""
-
-    def where(self):
-        return os.getpid()
 
     def run(self, env, fn, args, kwargs):
         os.environ.update(env)
