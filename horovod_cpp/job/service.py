@@ -34,6 +34,15 @@ class RankError(HorovodRunnerError):
                          % (rank, exc_type, message, rank, remote_traceback.rstrip()))
 
 
+def check_positive_ints(**named):
+    """ValueError naming the first of ``named``'s values (in order) that is set (not None) but
+    not a positive int (bool is not an int here)."""
+    for name, value in named.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise ValueError("%s must be a positive int, got %r" % (name, value))
+
+
 def pickle_main(main, kwargs, caller="HorovodRunner.run"):
     """cloudpickle (main, kwargs) on the driver, naming what cannot be pickled."""
     if not callable(main):

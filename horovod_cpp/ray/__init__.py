@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from horovod_cpp.elastic import WorkerRemoved
 from horovod_cpp.job.rendezvous import RendezvousServer, new_secret
-from horovod_cpp.job.service import HorovodRunnerError, RankError
+from horovod_cpp.job.service import HorovodRunnerError, RankError, check_positive_ints
 
 
 @dataclass
@@ -86,11 +86,12 @@ class _Worker(object):
 
 def _outcome(call):
     """("ok", call()), or ("error", (type name, message, traceback, the exception if it
-    pickles)) when it raises: what a worker sends back."""
+    pickles)) when it raises, or ("removed", None) for an elastic worker that the driver let
+    go (not an error): what a worker sends back."""
     try:
         return ("ok", call())
-    except WorkerRemoved:  # (an elastic worker the driver let go: not an error)
-        raise
+    except WorkerRemoved:
+        return ("removed", None)
     except BaseException as e:  # sent back with its traceback
         return ("error", (type(e).__name__, str(e), traceback.format_exc(), _picklable(e)))
 
@@ -165,11 +166,8 @@ class RayExecutor(object):
             raise ValueError("one of num_workers and num_hosts must be set")
         if num_workers and num_hosts:
             raise ValueError("only one of num_workers and num_hosts may be set")
-        for name, value in (("num_workers", num_workers), ("num_hosts", num_hosts),
-                            ("num_workers_per_host", num_workers_per_host)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                raise ValueError("%s must be a positive int, got %r" % (name, value))
+        check_positive_ints(num_workers=num_workers, num_hosts=num_hosts,
+                            num_workers_per_host=num_workers_per_host)
         if cpus_per_worker is None or cpus_per_worker <= 0:
             raise ValueError("cpus_per_worker must be positive, got %r" % (cpus_per_worker,))
         if gpus_per_worker and not use_gpu:

@@ -31,7 +31,7 @@ why (too few workers left past ``elastic_timeout``, ``reset_limit`` reached).
 import os
 from dataclasses import dataclass
 
-from horovod_cpp.job.service import HorovodRunnerError, RankError
+from horovod_cpp.job.service import HorovodRunnerError, RankError, check_positive_ints
 
 # How long a node where one of our workers died gets no new worker (the head's health checks
 # take ~15-30 s to declare a killed node dead; a node that is fine gets workers again after it).
@@ -63,10 +63,7 @@ class _ElasticWorker(object):
         from horovod_cpp import elastic
         from horovod_cpp.ray import _outcome
         elastic.in_launcher_process = True
-        try:
-            return _outcome(lambda: fn(*(args or ()), **(kwargs or {})))
-        except elastic.WorkerRemoved:
-            return ("removed", None)
+        return _outcome(lambda: fn(*(args or ()), **(kwargs or {})))
 
 
 class _ActorProcess(object):
@@ -189,10 +186,7 @@ class ElasticRayExecutor(object):
                  env_vars=None, override_discovery=True):
         self.settings = settings or ElasticSettings()
         s = self.settings
-        for name, value in (("min_np", s.min_np), ("max_np", s.max_np)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                raise ValueError("%s must be a positive int, got %r" % (name, value))
+        check_positive_ints(min_np=s.min_np, max_np=s.max_np)
         if s.max_np is not None and s.max_np < s.min_np:
             raise ValueError("need min_np <= max_np, got %d > %d" % (s.min_np, s.max_np))
         if cpus_per_slot is None or cpus_per_slot <= 0:
@@ -236,14 +230,13 @@ class ElasticRayExecutor(object):
                                           % self.gpus_per_slot if self.gpus_per_slot else "",
                                           s.min_np))
         max_np = s.max_np or slots
-        self.history = []
         driver = ElasticDriver(
             ["ray"], min(slots, max_np), s.min_np, max_np, elastic_timeout=s.elastic_timeout,
             reset_limit=s.reset_limit, cooldown_range=s.cooldown_range, log=self._log,
             discover=job.discover, spawn=job.spawn, hostname=job.hostname, lost=job.lost,
             address=_facing_address([ip for _, ip in job.nodes.values()]),
             stop=_ActorProcess.stop)
-        driver.history = self.history  # (the rounds as they form, for whoever watches)
+        self.history = driver.history  # (the rounds as they form, for whoever watches)
         try:
             rc = driver.run()
         except ElasticError as e:

@@ -32,7 +32,8 @@ import time
 import uuid
 
 from horovod_cpp.job import mpirun, network, proc
-from horovod_cpp.job.service import HorovodRunnerError, JobService, pickle_main
+from horovod_cpp.job.service import (HorovodRunnerError, JobService, check_positive_ints,
+                                     pickle_main)
 from horovod_cpp.spark.runner import _spark_reason, active_spark_context, resolve_start_timeout
 
 # A task unheard for this long is gone (its heartbeat comes every second).
@@ -89,10 +90,7 @@ def run_elastic(fn, args=(), kwargs=None, num_proc=None, min_np=None, max_np=Non
                               "use horovod_cpp.runner.run with min_np/max_np")
     if num_proc is None:
         num_proc = int(sc.defaultParallelism)
-    for name, value in (("num_proc", num_proc), ("min_np", min_np), ("max_np", max_np)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
-            raise ValueError("%s must be a positive int, got %r" % (name, value))
+    check_positive_ints(num_proc=num_proc, min_np=min_np, max_np=max_np)
     min_np = min_np or num_proc
     max_np = max_np or max(num_proc, min_np)
     if not min_np <= num_proc <= max_np:

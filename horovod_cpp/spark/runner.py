@@ -19,7 +19,8 @@ import time
 import uuid
 
 from horovod_cpp.job import mpirun, network
-from horovod_cpp.job.service import HorovodRunnerError, JobService, pickle_main
+from horovod_cpp.job.service import (HorovodRunnerError, JobService, check_positive_ints,
+                                     pickle_main)
 
 
 VERBOSITIES = ("all", "log_callback_only")
@@ -106,8 +107,7 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, extra_mpi_a
                               "the ranks without Spark")
     if num_proc is None:
         num_proc = int(sc.defaultParallelism)
-    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
-        raise ValueError("num_proc must be a positive int, got %r" % (num_proc,))
+    check_positive_ints(num_proc=num_proc)  # (set: defaultParallelism when not given)
     timeout = resolve_start_timeout(start_timeout)
     caller = "horovod_cpp.spark.run(num_proc=%d)" % num_proc
     payload = pickle_main(functools.partial(fn, *args), dict(kwargs or {}), caller=caller)
