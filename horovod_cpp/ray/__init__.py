@@ -20,7 +20,8 @@ horovod_cpp program); ``execute(fn)`` calls ``fn(executable)`` with each worker'
 returns the ObjectRefs.
 
 Errors: too few CPUs or GPUs in the cluster for the workers is a ValueError at ``start``;
-resources that exist but stay busy past ``placement_group_timeout_s`` a TimeoutError. A
+resources that exist but stay busy past ``placement_group_timeout_s`` a TimeoutError, and so
+are workers whose processes do not start within ``timeout_s`` once placed. A
 worker's exception is raised by ``run`` as ``horovod_cpp.job.service.RankError`` (its rank, its
 traceback; also ``horovod_cpp.spark.RankError``), a worker or node that dies as
 ``HorovodRunnerError`` naming the rank and the node. After an error the other workers may
@@ -43,7 +44,8 @@ from horovod_cpp.job.service import HorovodRunnerError, RankError, check_positiv
 @dataclass
 class Settings(object):
     """What ``RayExecutor.create_settings`` returns (Horovod's MiniSettings). ``timeout_s``:
-    the workers' Gloo rendezvous and collective timeout (HOROVOD_GLOO_TIMEOUT_SECONDS);
+    the workers' Gloo rendezvous and collective timeout (HOROVOD_GLOO_TIMEOUT_SECONDS), and how
+    long ``start`` waits for their processes once their resources are placed;
     ``placement_group_timeout_s``: how long ``start`` waits for the workers' resources;
     ``nics``: the network interfaces the workers use (the first one). ``ssh_*``: accepted for
     Horovod compatibility; Ray starts the workers, so no ssh is needed."""
@@ -232,8 +234,17 @@ class RayExecutor(object):
                     placement_group=pg,
                     placement_group_bundle_index=i // per_bundle)).remote())
         try:
-            where = ray.get([w.where.remote() for w in workers],
-                            timeout=self.settings.placement_group_timeout_s)
+            # Their resources are placed; each actor's process still has to start (seconds on
+            # a loaded node): bounded by timeout_s, as the workers' rendezvous is.
+            started = [w.where.remote() for w in workers]
+            ready, _ = ray.wait(started, num_returns=len(started),
+                                timeout=self.settings.timeout_s)
+            if len(ready) < len(started):
+                raise TimeoutError(
+                    "RayExecutor.start: %d of the %d workers had their resources but their "
+                    "processes did not start within timeout_s=%g s"
+                    % (len(started) - len(ready), len(started), self.settings.timeout_s))
+            where = ray.get(started)
             layout = _layout([ip for ip, _, _ in where])
             self.workers = [workers[worker] for worker, *_ in layout]
             self._where = [where[worker] for worker, *_ in layout]

@@ -9,6 +9,7 @@ back): tests/multihost/ray."""
 import os
 import socket
 import sys
+import time
 
 import cloudpickle
 import pytest
@@ -131,9 +132,16 @@ def test_too_few_cpus_and_busy_resources_are_clear_errors(executor):
     with pytest.raises(TimeoutError, match="did not give the 2 workers their resources"):
         e.start()
     holder.shutdown()
-    e.start()  # now they fit
+    e.start()  # now they fit (their processes may take longer than 3 s to start: timeout_s)
     assert [r[1] for r in e.run(rank_sum, args=[1])] == [2, 2]
     e.shutdown()
+    # Placed, but given no time to start their processes: a clear error, every CPU freed.
+    late = RayExecutor(RayExecutor.create_settings(timeout_s=0), num_workers=2)
+    with pytest.raises(TimeoutError, match=r"2 of the 2 workers had their resources but their "
+                                           r"processes did not start within timeout_s=0 s"):
+        late.start()
+    assert not late.workers
+    wait_for_free_cpus()
 
 
 def test_arguments_and_elastic_are_refused_clearly():
@@ -161,11 +169,16 @@ def test_shutdown_leaves_no_worker(executor):
     e.start()
     pids = [r[5] for r in e.run(rank_sum, args=[1])]
     e.shutdown()
-    import time
     deadline = time.monotonic() + 20
     while any(os.path.exists("/proc/%d" % p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [p for p in pids if os.path.exists("/proc/%d" % p)]
+    wait_for_free_cpus()
+
+
+def wait_for_free_cpus():
+    """Every CPU of the local cluster free again (within 20 s)."""
+    deadline = time.monotonic() + 20
     while ray.available_resources().get("CPU") != 4 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("CPU") == 4
@@ -217,11 +230,7 @@ def test_elastic_a_raising_worker_fails_the_job_with_its_error(cluster):
     with pytest.raises(ValueError, match="4 slots of 1 CPUs, fewer than min_np 5"):
         elastic(min_np=5).run(count_steps)
     # Nothing left: every actor stopped, the CPUs free again.
-    import time
-    deadline = time.monotonic() + 20
-    while ray.available_resources().get("CPU") != 4 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ray.available_resources().get("CPU") == 4
+    wait_for_free_cpus()
 
 
 def test_a_removed_worker_in_a_launchers_process_raises_instead_of_exiting(monkeypatch):
