@@ -25,6 +25,15 @@ import time
 import weakref
 
 
+def source_address(host, port=1):
+    """This host's address on the route to ``host``: what a peer there reaches it at (a UDP
+    connect picks the route and sends nothing)."""
+    addr = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)[0][4]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(addr)
+        return s.getsockname()[0]
+
+
 def recv_exact(sock, n):
     """Exactly ``n`` bytes from ``sock`` (ConnectionError if it closes first)."""
     chunks = []

@@ -8,12 +8,11 @@ this one on.
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import threading
 
-from horovod_cpp.job import mpirun, proc
+from horovod_cpp.job import mpirun, network, proc
 
 LOCAL_NAMES = ("localhost", "127.0.0.1")
 
@@ -25,16 +24,13 @@ def is_local(name):
 def facing_address(hosts):
     """The address of this host that the other hosts reach it on: HOROVOD_GLOO_RENDEZVOUS_ADDR
     when hvdrun's environment sets it, else loopback if all hosts are local, else the source
-    address of the route to the first other host (a UDP connect sends nothing)."""
+    address of the route to the first other host."""
     if os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
         return os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"]
     remote = [h for h, _ in hosts if not is_local(h)]
     if not remote:
         return "127.0.0.1"
-    addr = socket.getaddrinfo(remote[0], 22, socket.AF_INET, socket.SOCK_DGRAM)[0][4]
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect(addr)
-        return s.getsockname()[0]
+    return network.source_address(remote[0], 22)
 
 
 # ssh notices a host that stopped answering (its link down) within ~6 s and exits 255, which

@@ -37,6 +37,7 @@ import traceback
 from dataclasses import dataclass
 
 from horovod_cpp.elastic import WorkerRemoved
+from horovod_cpp.job import network
 from horovod_cpp.job.rendezvous import RendezvousServer, new_secret
 from horovod_cpp.job.service import HorovodRunnerError, RankError, check_positive_ints
 
@@ -403,15 +404,11 @@ def _describe(resources, times=1):
 
 def _facing_address(node_ips):
     """The driver's address the workers' nodes reach: loopback when they are all on this
-    node, else the source address of the route to one of them (a UDP connect sends nothing)."""
+    node, else this node's address on the route to one of them."""
     import ray
     mine = ray.util.get_node_ip_address()
     others = [ip for ip in node_ips if ip != mine]
-    if not others:
-        return mine
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((others[0], 1))
-        return s.getsockname()[0]
+    return network.source_address(others[0]) if others else mine
 
 
 from horovod_cpp.ray.elastic import ElasticRayExecutor, ElasticSettings  # noqa: E402

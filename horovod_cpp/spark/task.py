@@ -370,15 +370,9 @@ def elastic_task(spec):
         hello = {"id": ctx.taskAttemptId(), "index": ctx.partitionId(),
                  "host": socket.gethostname(), "ip": None, "python": sys.executable,
                  "cwd": os.getcwd()}
-        # The address the driver reaches this task at: the source address of the route to the
-        # driver (a UDP connect sends nothing).
+        # The address the driver reaches this task at: the one on the route to the driver.
         host, _, port = spec["job"].rpartition(":")
-        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            probe.connect((host, int(port)))
-            ip = probe.getsockname()[0]
-        finally:
-            probe.close()
+        ip = network.source_address(host, int(port))
         hello.update(ip=ip, addr="%s:%d" % (ip, service.port))
         heartbeat = _Heartbeat(spec["job"], spec["key"], hello)
         try:
