@@ -173,12 +173,12 @@ def test_shutdown_leaves_no_worker(executor):
     while any(os.path.exists("/proc/%d" % p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [p for p in pids if os.path.exists("/proc/%d" % p)]
-    wait_for_free_cpus()
+    wait_for_free_cpus(deadline)  # (the same 20 s for both)
 
 
-def wait_for_free_cpus():
-    """Every CPU of the local cluster free again (within 20 s)."""
-    deadline = time.monotonic() + 20
+def wait_for_free_cpus(deadline=None):
+    """Every CPU of the local cluster free again by ``deadline`` (default: within 20 s)."""
+    deadline = deadline or time.monotonic() + 20
     while ray.available_resources().get("CPU") != 4 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("CPU") == 4
