@@ -4,8 +4,9 @@
 #   build-cpu   the CPU-only configuration (no NCCL, Gloo, LibTorch or Python module) with
 #               AddressSanitizer + UndefinedBehaviorSanitizer, every C++ test
 #   build-tsan  the unit tests (the threaded core, ranks simulated in one process) with
-#               ThreadSanitizer
-#   build-tsa   the core and unit tests with clang -Wthread-safety -Werror
+#               ThreadSanitizer, compiled by clang with -Wthread-safety -Werror (the
+#               thread-safety annotations checked in the same build: one build of the core and
+#               the unit tests instead of two, ~40 s less here)
 #   build-fuzz  the libFuzzer targets of scripts/fuzz.sh
 #   build-pypi-torch  the LibTorch C++ API, examples/train.cpp and the C++ torch tests against
 #               the LibTorch of PyPI's torch (the PyPI lane's venv, scripts/setup_venv.sh --pypi):
@@ -14,15 +15,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh build-cpu -DHVD_SANITIZE=address,undefined -DHVD_WITH_NCCL=OFF \
   -DHVD_WITH_GLOO=OFF -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_WERROR=ON
-cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVD_SANITIZE=thread \
-  -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_BUILD_EXAMPLES=OFF \
-  -DHVD_WERROR=ON > build-tsan.configure.log 2>&1 || { cat build-tsan.configure.log; exit 1; }
+cmake -S . -B build-tsan -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DHVD_SANITIZE=thread -DHVD_THREAD_SAFETY=ON -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF \
+  -DHVD_BUILD_PYTHON=OFF -DHVD_BUILD_EXAMPLES=OFF -DHVD_WERROR=ON > build-tsan.configure.log 2>&1 \
+  || { cat build-tsan.configure.log; exit 1; }
 cmake --build build-tsan -j "$(nproc)" --target unit_tests
-cmake -S . -B build-tsa -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DHVD_THREAD_SAFETY=ON -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF \
-  -DHVD_BUILD_EXAMPLES=OFF -DHVD_WERROR=ON > build-tsa.configure.log 2>&1 \
-  || { cat build-tsa.configure.log; exit 1; }
-cmake --build build-tsa -j "$(nproc)" --target unit_tests
 # The fuzzers (scripts/fuzz.sh runs them; this only builds them).
 cmake -S fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   > build-fuzz.configure.log 2>&1 || { cat build-fuzz.configure.log; exit 1; }
