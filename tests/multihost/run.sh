@@ -144,7 +144,8 @@ run "python suite --gloo -H hvd-h1:2,hvd-h2:2" 600 sh -c "cd '$ROOT_DIR/tests/py
 # across the test hosts: each job completes with exact results or ends within the collective
 # timeout (3 s here) + 30 s naming the culprit, and leaves nothing running on any host. The
 # two Spark kinds run in the Spark section below; the table is printed at the end. 335 s here
-# alone; CI's run, beside test.sh's background builds, took ~1.4 times as long (its limit here
+# alone; CI's run, beside test.sh's background builds when they still took half the CPU
+# (test.sh: the kernel's autogroups), took ~1.4 times as long (its limit here
 # only guards against a hang of the campaign itself, which bounds every run on its own).
 chaos_results=/tmp/hvd-chaos-results.$$.jsonl
 run_here "chaos CI subset (tests/chaos, 41 scenarios)" 600 "$PY" "$ROOT_DIR/tests/chaos/chaos.py" \
