@@ -27,7 +27,9 @@ scripts/build.sh build -DHVD_WERROR=ON -DPython3_EXECUTABLE=/usr/bin/python3 \
 # 3-5 and 7 compile in the background, at the lowest CPU priority, while ctest (2) and the
 # cross-host suite (2b) run: both leave much of the CPU idle (ctest -j 2 kept the 2 cores 52 %
 # busy on average here: most tests run alone, and many of them mostly wait), and the compilers
-# fill it.
+# fill it. (ctest and the cross-host suite side by side were tried: 46 min against ~53 one after
+# the other, but contention slowed the cross-host jobs past their bounds: the chaos subset past
+# its 8 minutes, elastic workers past a 5 s join.)
 #  3. The CPU-only configuration (no NCCL, no LibTorch, no Python module) must build and pass
 #     on its own; it is built with AddressSanitizer + UndefinedBehaviorSanitizer, so every C++
 #     test (unit, MPI, examples) also runs under them.
