@@ -2,9 +2,10 @@
 #pragma once
 // Clang thread-safety annotations. They say which mutex guards which field and which
 // functions need it held; `./test.sh` builds the core with clang -Wthread-safety -Werror
-// (build-tsan, scripts/build_checks.sh), so a field touched without its mutex fails the build. Under
-// GCC they expand to nothing. Use them with hvd::Mutex (base/mutex.h): std::mutex carries no
-// capability attribute in libstdc++, so guards naming one would not be checked.
+// (build-tsan, scripts/build_checks.sh), so a field touched without its mutex fails the
+// build. Under GCC they expand to nothing. Use them with hvd::Mutex (base/mutex.h):
+// std::mutex carries no capability attribute in libstdc++, so guards naming one would not be
+// checked.
 
 #if defined(__clang__)
 #define HVD_THREAD_ANNOTATION(x) __attribute__((x))
