@@ -12,6 +12,8 @@ rendezvous that a lost worker would leave hanging). Keys:
     elastic/<k>/ready/<worker id>      the worker has its assignment
     elastic/<k>/go                     every member is ready: meet
     elastic/<k>/reset/<worker id>      the worker left round k and waits for the next
+    elastic/arrived/<worker id>        the worker's process is up and waits for its first round
+                                       (HOROVOD_ELASTIC_WORKER_START: which start of the id's)
     elastic/hosts_version              bumped by the driver when hosts were added or removed
 """
 import json
@@ -76,6 +78,9 @@ class _Worker(object):
         store = self.store()
         deadline = time.monotonic() + self.timeout
         seen = self.round
+        if seen < 0:  # the driver tells the members of added hosts only once this is set
+            store.set("elastic/arrived/%s" % self.id,
+                      os.environ.get("HOROVOD_ELASTIC_WORKER_START", "0").encode())
         while time.monotonic() < deadline:
             k = self._latest()
             if k <= seen:

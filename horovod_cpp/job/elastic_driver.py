@@ -8,9 +8,12 @@ protocol in the rendezvous store). The driver forms a new round when
 * a worker ends with a failure: its host is blacklisted (for a time drawn from
   --blacklist-cooldown-range, else for good) and the host's other workers are stopped;
 * a host disappears from the discovery script's output: its workers are stopped;
-* hosts (or slots) appear: new workers start, the hosts version is bumped, and the round forms
-  once every member of the current round has asked for a reset (at its next
-  ``state.commit()`` / ``check_host_updates()``);
+* hosts (or slots) appear: new workers start; once every one of them is up (has arrived at the
+  rendezvous, or ARRIVAL_LIMIT passed) the hosts version is bumped, and the round forms once
+  every member of the current round has asked for a reset (at its next ``state.commit()`` /
+  ``check_host_updates()``). The members train on meanwhile instead of waiting in a reset for
+  the newcomers' start (Python, torch), and slots that appear one after the other while those
+  start (Spark's tasks on a new executor) join in one reset, not one each;
 * a member asks for a reset on its own (a collective failed without any worker ending).
 
 A round needs at least --min-np workers: with fewer, the driver waits --elastic-timeout for hosts
@@ -31,6 +34,8 @@ from horovod_cpp.job.rendezvous import RendezvousServer, new_secret
 
 DISCOVERY_INTERVAL = 1.0
 SUCCESS_GRACE = 30.0  # after one worker succeeds, how long the others have to finish
+ARRIVAL_LIMIT = 60.0  # at most this long (and --elastic-timeout) the members train on while
+# newcomers start; then the round forms anyway and waits for them as for any member
 
 
 class ElasticError(RuntimeError):
@@ -60,6 +65,7 @@ class Worker(object):
     def __init__(self, host, slot, proc):
         self.host, self.slot, self.proc = host, slot, proc
         self.id = "%s:%d" % (host, slot)
+        self.start = 0  # which start among the driver's workers (a slot's id repeats)
         self.rank = None  # in the latest round it belongs to
         self.ended = None  # exit status once it ended
         self.removed = False  # stopped by the driver (its host went away or was blacklisted)
@@ -111,6 +117,7 @@ class ElasticDriver(object):
         self.forming = None  # (round, deadline) while waiting for the members' readiness
         self.hosts_version = 0
         self.pending_add = False
+        self.arriving = []  # workers started for added hosts, before the hosts version bump
         self.short_since = None  # when the live workers fell below --min-np
         self.resets = 0
         self.history = []  # (round, [worker ids], reason) for tests and the closing report
@@ -150,6 +157,7 @@ class ElasticDriver(object):
         env.update({
             "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
             "HOROVOD_ELASTIC": "1", "HOROVOD_ELASTIC_WORKER_ID": w.id,
+            "HOROVOD_ELASTIC_WORKER_START": str(w.start),
             "HOROVOD_ELASTIC_TIMEOUT": str(self.elastic_timeout),
             "HOROVOD_HOSTNAME": (self.hostname_fn(w.host) if self.hostname_fn is not None
                                  else "127.0.0.1" if self.address == "127.0.0.1" else w.host),
@@ -160,6 +168,7 @@ class ElasticDriver(object):
 
     def start_worker(self, host, slot):
         w = Worker(host, slot, None)
+        w.start = len(self.workers)
         if self.spawn_fn is not None:
             w.proc = self.spawn_fn(host, self.worker_env(w), self.command, self.secret)
         else:
@@ -217,6 +226,7 @@ class ElasticDriver(object):
         self.members = members
         self.forming = (k, time.monotonic() + self.elastic_timeout)
         self.pending_add = False
+        self.arriving = []
         self.history.append((k, [w.id for w in members], reason))
         self.log("round %d: %d ranks (%s): %s" % (k, len(members),
                                                 ", ".join(w.id for w in members), reason))
@@ -238,6 +248,19 @@ class ElasticDriver(object):
                                             "--elastic-timeout" % (w.id, k))
             return "workers %s did not join round %d" % (", ".join(w.id for w in missing), k)
         return None
+
+    def arrived(self, now):
+        """Whether the workers started for added hosts are up (or ARRIVAL_LIMIT passed)."""
+        waiting = [w for w, _ in self.arriving if w.live() and
+                   self.server.get("elastic/arrived/%s" % w.id) != str(w.start).encode()]
+        if not waiting:
+            return True
+        first = min(t for _, t in self.arriving)
+        if now - first < min(ARRIVAL_LIMIT, self.elastic_timeout):
+            return False
+        self.log("%s not up %g s after starting: forming the round anyway"
+                 % (", ".join(w.id for w in waiting), now - first))
+        return True
 
     # ---- the loop ------------------------------------------------------------------------
     def run(self):
@@ -308,10 +331,16 @@ class ElasticDriver(object):
                         self.log("host %s is gone from the discovered hosts" % w.host)
                         self.stop_worker(w)
                         need = need or "worker %s's host was removed" % w.id
-                if self.grow(hosts, now):
-                    self.hosts_version += 1
-                    self.server.put("elastic/hosts_version", str(self.hosts_version).encode())
-                    self.pending_add = True
+                started = self.grow(hosts, now)
+                if started:
+                    self.arriving.extend((w, now) for w in started)
+                    self.log("started %s for added hosts; the round forms once they are up"
+                             % ", ".join(w.id for w in started))
+            if self.arriving and self.arrived(now):
+                self.arriving = []
+                self.hosts_version += 1
+                self.server.put("elastic/hosts_version", str(self.hosts_version).encode())
+                self.pending_add = True
             if self.forming is not None and need is None:
                 need = self.check_forming(now)
                 if self.forming is not None or need is not None:

@@ -3,7 +3,8 @@ tests/launch/test_elastic.py:  elastic_sim_worker.py TARGET_SIZE [FAILING_WORKER
 
 Joins rounds until one has TARGET_SIZE ranks, then exits 0. Between rounds it does what a real
 rank's hvd.elastic.run does: a newer round (a peer failed) or a host update makes it ask for a
-reset and join again. FAILING_WORKER_ID exits 3 right after joining the first round.
+reset and join again. FAILING_WORKER_ID exits 3 right after joining the first round. HVD_SIM_START_DELAY: seconds
+the process takes to start before it joins (a real rank's Python and torch imports).
 """
 import os
 import sys
@@ -13,6 +14,7 @@ from horovod_cpp import elastic
 
 target = int(sys.argv[1])
 failing = sys.argv[2] if len(sys.argv) > 2 else None
+time.sleep(float(os.environ.get("HVD_SIM_START_DELAY", "0")))
 w = elastic.worker()
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline:

@@ -77,6 +77,36 @@ def test_hosts_added_by_discovery_join_at_the_next_reset(tmp_path):
     assert rounds_of(lines, B + ":1") == ["round 1 rank 2 size 3"]
 
 
+def test_slots_added_one_after_another_while_newcomers_start_join_in_one_reset(tmp_path):
+    # B's first slot is discovered, then its second one 1.5 s later (Spark's tasks on a new
+    # executor register one by one): the workers take 3 s to start, the driver tells the members
+    # of the added hosts only once they are up, so A resets once, to 3 ranks (not to 2, then 3),
+    # and trains on in its round 0 while they start.
+    script, listing = discovery(tmp_path, [A + ":1"])
+    lines = []
+    d = driver(SIM + ["3"], 1, 1, 3, script, lines, elastic_timeout=20,
+               env={"HVD_SIM_START_DELAY": "3"})
+
+    def add_hosts():
+        deadline = time.monotonic() + 20
+        while not rounds_of(lines, A + ":0") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        listing.write_text("%s:1\n%s:1\n" % (A, B))
+        time.sleep(1.5)
+        listing.write_text("%s:1\n%s:2\n" % (A, B))
+    t = threading.Thread(target=add_hosts)
+    t.start()
+    assert d.run() == 0, lines
+    t.join()
+    assert [(k, ids) for k, ids, _ in d.history] == [
+        (0, [A + ":0"]), (1, [A + ":0", B + ":0", B + ":1"])], lines
+    assert d.history[1][2] == "hosts added" and d.hosts_version == 1
+    assert rounds_of(lines, A + ":0") == ["round 0 rank 0 size 1", "round 1 rank 0 size 3"]
+    started = [t for tag, stream, t in lines if stream == "log" and t.startswith("started")]
+    assert started == ["started %s:0 for added hosts; the round forms once they are up" % B,
+                       "started %s:1 for added hosts; the round forms once they are up" % B]
+
+
 def test_fewer_than_min_np_fails_after_the_elastic_timeout(tmp_path):
     script, _ = discovery(tmp_path, [A + ":1", B + ":1"])
     lines = []

@@ -378,7 +378,8 @@ def elastic_until_regrown(after=10, limit_steps=900):
         while state.step < limit_steps:
             if not state.sizes or state.sizes[-1] != hvd.size():
                 state.sizes = state.sizes + [hvd.size()]
-                if len(state.sizes) >= 3 and state.regrown_at is None:
+                if (len(state.sizes) >= 3 and state.sizes[-1] == state.sizes[0]
+                        and state.regrown_at is None):
                     state.regrown_at = state.step
             if state.regrown_at is not None and state.step >= state.regrown_at + after:
                 return
@@ -438,10 +439,16 @@ def test_run_elastic_shrinks_when_a_worker_host_is_lost_and_grows_when_it_return
     assert "error" not in outcome, (outcome["error"], lines[-40:])
     results = outcome["value"]
     assert [(r[0], r[1]) for r in results] == [(0, 4), (1, 4), (2, 4), (3, 4)]
-    assert all(r[2] == [4, 2, 4] for r in results), [r[2] for r in results]
+    # 4 ranks, 2, 4 again: the driver adds the 2 slots of hvd-h3's new executor in one reset
+    # when Spark starts its second task before the first one's worker is up (the usual case;
+    # tests/launch/test_elastic.py has it deterministic), else in two (4, 2, 3, 4).
+    sizes = results[0][2]
+    assert all(r[2] == sizes for r in results), [r[2] for r in results]
+    assert sizes in ([4, 2, 4], [4, 2, 3, 4]), sizes
     grown = [line for line in lines if "round" in line and "4 ranks" in line]
     TIMINGS.append("run_elastic: hvd-h3 killed: training went on with 2 ranks %.1f s later; its "
-                   "worker restarted: back at 4 ranks (%d rounds in all) within %.1f s"
-                   % (shrunk, sum("round" in line for line in lines), time.monotonic() - back_at))
+                   "worker restarted: back at 4 ranks (sizes %s, %d rounds in all) within %.1f s"
+                   % (shrunk, sizes, sum("round" in line for line in lines),
+                      time.monotonic() - back_at))
     assert grown, lines
     wait_executors(cluster.sparkContext, 2)
