@@ -44,6 +44,19 @@ def rounds_of(lines, worker):
     return [text for tag, stream, text in lines if tag == worker and stream == "stdout"]
 
 
+def run_adding_hosts(d, lines, add_hosts):
+    """Runs the driver; add_hosts() once A's worker is in its first round."""
+    def go():
+        deadline = time.monotonic() + 20
+        while not rounds_of(lines, A + ":0") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        add_hosts()
+    t = threading.Thread(target=go)
+    t.start()
+    assert d.run() == 0, lines
+    t.join()
+
+
 def test_a_failed_worker_is_dropped_and_survivors_keep_their_order(tmp_path):
     script, _ = discovery(tmp_path, [A + ":1", B + ":1", C + ":1"])
     lines = []
@@ -63,14 +76,8 @@ def test_hosts_added_by_discovery_join_at_the_next_reset(tmp_path):
     d = driver(SIM + ["3"], 1, 1, 3, script, lines, elastic_timeout=20)
 
     def add_hosts():
-        deadline = time.monotonic() + 20
-        while not rounds_of(lines, A + ":0") and time.monotonic() < deadline:
-            time.sleep(0.05)
         listing.write_text("%s:1\n%s:2\n" % (A, B))
-    t = threading.Thread(target=add_hosts)
-    t.start()
-    assert d.run() == 0, lines
-    t.join()
+    run_adding_hosts(d, lines, add_hosts)
     assert [(k, ids) for k, ids, _ in d.history] == [
         (0, [A + ":0"]), (1, [A + ":0", B + ":0", B + ":1"])]
     assert d.history[1][2] == "hosts added" and d.hosts_version == 1
@@ -88,16 +95,10 @@ def test_slots_added_one_after_another_while_newcomers_start_join_in_one_reset(t
                env={"HVD_SIM_START_DELAY": "3"})
 
     def add_hosts():
-        deadline = time.monotonic() + 20
-        while not rounds_of(lines, A + ":0") and time.monotonic() < deadline:
-            time.sleep(0.05)
         listing.write_text("%s:1\n%s:1\n" % (A, B))
         time.sleep(1.5)
         listing.write_text("%s:1\n%s:2\n" % (A, B))
-    t = threading.Thread(target=add_hosts)
-    t.start()
-    assert d.run() == 0, lines
-    t.join()
+    run_adding_hosts(d, lines, add_hosts)
     assert [(k, ids) for k, ids, _ in d.history] == [
         (0, [A + ":0"]), (1, [A + ":0", B + ":0", B + ":1"])], lines
     assert d.history[1][2] == "hosts added" and d.hosts_version == 1
