@@ -24,7 +24,7 @@ scripts/setup_venv.sh --pypi
 stage "the default build"
 scripts/build.sh build -DHVD_WERROR=ON -DPython3_EXECUTABLE=/usr/bin/python3 \
   -DHVD_TEST_PYTHON="$PWD/.venv/bin/python" -DHVD_TEST_PYTHON_PYPI="$PWD/.venv-pypi/bin/python"
-# 3-5 and 7 compile in the background, at the lowest CPU priority, while ctest (2) and the
+# 3-5 and 7 compile in the background (and 6 runs there), at the lowest CPU priority, while ctest (2) and the
 # cross-host suite (2b) run: both leave much of the CPU idle (ctest -j 2 kept the 2 cores 52 %
 # busy on average here: most tests run alone, and many of them mostly wait), and the compilers
 # fill it. (ctest and the cross-host suite side by side were tried: 46 min against ~53 one after
@@ -40,6 +40,9 @@ scripts/build.sh build -DHVD_WERROR=ON -DPython3_EXECUTABLE=/usr/bin/python3 \
 #     checked by -Wthread-safety -Werror over the core and the unit tests: a guarded field
 #     touched without its mutex fails the build.
 #  7. The LibTorch C++ API, the C++ example and its tests against PyPI's libtorch.
+#  6. Fuzzing: the wire-format, configuration and watchdog parsers, 60 s each (all at once),
+#     under ASan + UBSan, run by build_checks.sh itself once the builds are done (no timing
+#     to hold, so it needs no CPU of its own). A longer hunt: scripts/fuzz.sh 3600.
 # (scripts/build_checks.sh). setsid: its own process group, stopped whole if test.sh fails.
 # A new session is also a scheduling group of its own where the kernel groups by session
 # (sched_autogroup_enabled, on in Debian's kernel), and groups compete at equal weight whatever
@@ -68,6 +71,7 @@ if ! wait "$builds"; then
   exit 1
 fi
 trap - EXIT
+grep '^fuzz.sh: ' build-background.log >&2 || true
 
 # 3. The ASan + UBSan build's tests.
 stage "ASan + UBSan tests"
@@ -75,12 +79,8 @@ stage "ASan + UBSan tests"
 
 # 4. ThreadSanitizer over the threaded core (5: the same build was compiled by clang with the
 #    thread-safety analysis, -Werror).
-stage "TSan, fuzzing, PyPI's LibTorch"
+stage "TSan, PyPI's LibTorch"
 TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/unit_tests --gtest_brief=1
-
-# 6. Fuzzing: the wire-format and configuration parsers, 60 s each (both at once), under
-#    ASan + UBSan. A longer hunt: scripts/fuzz.sh 3600.
-scripts/fuzz.sh 60
 
 # 7. LibTorch from PyPI's torch wheel: the C++ torch tests at np 2 and 3, and the main job
 #    (examples/train.cpp on 2 ranks, its accuracy bar).

@@ -7,7 +7,11 @@
 #               ThreadSanitizer, compiled by clang with -Wthread-safety -Werror (the
 #               thread-safety annotations checked in the same build: one build of the core and
 #               the unit tests instead of two, ~40 s less here)
-#   build-fuzz  the libFuzzer targets of scripts/fuzz.sh
+#   build-fuzz  the libFuzzer targets of scripts/fuzz.sh, which then runs them (60 s each,
+#               last, once the other builds are done): fuzzing needs no timing to hold, so it
+#               can run at the lowest priority beside the cross-host suite (it gets fewer
+#               executions where that suite is busy); the sanitizer builds' tests cannot (their
+#               timing bounds), so test.sh runs those afterwards
 #   build-pypi-torch  the LibTorch C++ API, examples/train.cpp and the C++ torch tests against
 #               the LibTorch of PyPI's torch (the PyPI lane's venv, scripts/setup_venv.sh --pypi):
 #               CMAKE_PREFIX_PATH from torch.utils.cmake_prefix_path
@@ -30,3 +34,5 @@ cmake -S . -B build-pypi-torch -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_
   -DHVD_WITH_TORCH=ON -DHVD_WITH_NCCL=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_WERROR=ON \
   > build-pypi-torch.configure.log 2>&1 || { cat build-pypi-torch.configure.log; exit 1; }
 cmake --build build-pypi-torch -j "$(nproc)" --target train mpi_torch_tests
+# Fuzzing (60 s per target, all at once), after every build is done.
+scripts/fuzz.sh 60
