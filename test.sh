@@ -24,12 +24,12 @@ scripts/setup_venv.sh --pypi
 stage "the default build"
 scripts/build.sh build -DHVD_WERROR=ON -DPython3_EXECUTABLE=/usr/bin/python3 \
   -DHVD_TEST_PYTHON="$PWD/.venv/bin/python" -DHVD_TEST_PYTHON_PYPI="$PWD/.venv-pypi/bin/python"
-# 3-5 and 7 compile in the background (and 6 runs there), at the lowest CPU priority, while ctest (2) and the
-# cross-host suite (2b) run: both leave much of the CPU idle (ctest -j 2 kept the 2 cores 52 %
-# busy on average here: most tests run alone, and many of them mostly wait), and the compilers
-# fill it. (ctest and the cross-host suite side by side were tried: 46 min against ~53 one after
-# the other, but contention slowed the cross-host jobs past their bounds: the chaos subset past
-# its 8 minutes, elastic workers past a 5 s join.)
+# 3-5 and 7 compile in the background (and 6 runs there), at the lowest CPU priority, while
+# ctest (2) and the cross-host suite (2b) run: both leave much of the CPU idle (ctest -j 2 kept
+# the 2 cores 52 % busy on average here: most tests run alone, and many of them mostly wait),
+# and the compilers fill it. (ctest and the cross-host suite side by side were tried: 46 min
+# against ~53 one after the other, but contention slowed the cross-host jobs past their bounds:
+# the chaos subset past its 8 minutes, elastic workers past a 5 s join.)
 #  3. The CPU-only configuration (no NCCL, no LibTorch, no Python module) must build and pass
 #     on its own; it is built with AddressSanitizer + UndefinedBehaviorSanitizer, so every C++
 #     test (unit, MPI, examples) also runs under them.
@@ -39,10 +39,10 @@ scripts/build.sh build -DHVD_WERROR=ON -DPython3_EXECUTABLE=/usr/bin/python3 \
 #  5. the thread-safety annotations (HVD_GUARDED_BY, HVD_REQUIRES on hvd::Mutex, base/mutex.h)
 #     checked by -Wthread-safety -Werror over the core and the unit tests: a guarded field
 #     touched without its mutex fails the build.
-#  7. The LibTorch C++ API, the C++ example and its tests against PyPI's libtorch.
 #  6. Fuzzing: the wire-format, configuration and watchdog parsers, 60 s each (all at once),
 #     under ASan + UBSan, run by build_checks.sh itself once the builds are done (no timing
 #     to hold, so it needs no CPU of its own). A longer hunt: scripts/fuzz.sh 3600.
+#  7. The LibTorch C++ API, the C++ example and its tests against PyPI's libtorch.
 # (scripts/build_checks.sh). setsid: its own process group, stopped whole if test.sh fails.
 # A new session is also a scheduling group of its own where the kernel groups by session
 # (sched_autogroup_enabled, on in Debian's kernel), and groups compete at equal weight whatever

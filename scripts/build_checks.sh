@@ -7,8 +7,8 @@
 #               ThreadSanitizer, compiled by clang with -Wthread-safety -Werror (the
 #               thread-safety annotations checked in the same build: one build of the core and
 #               the unit tests instead of two, ~40 s less here)
-#   build-fuzz  the libFuzzer targets of scripts/fuzz.sh, which then runs them (60 s each,
-#               last, once the other builds are done): fuzzing needs no timing to hold, so it
+#   build-fuzz  the libFuzzer targets, built and run (60 s each) by scripts/fuzz.sh, last,
+#               once the other builds are done: fuzzing needs no timing to hold, so it
 #               can run at the lowest priority beside the cross-host suite (it gets fewer
 #               executions where that suite is busy); the sanitizer builds' tests cannot (their
 #               timing bounds), so test.sh runs those afterwards
@@ -24,15 +24,11 @@ cmake -S . -B build-tsan -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWith
   -DHVD_BUILD_PYTHON=OFF -DHVD_BUILD_EXAMPLES=OFF -DHVD_WERROR=ON > build-tsan.configure.log 2>&1 \
   || { cat build-tsan.configure.log; exit 1; }
 cmake --build build-tsan -j "$(nproc)" --target unit_tests
-# The fuzzers (scripts/fuzz.sh runs them; this only builds them).
-cmake -S fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  > build-fuzz.configure.log 2>&1 || { cat build-fuzz.configure.log; exit 1; }
-cmake --build build-fuzz -j "$(nproc)"
 # LibTorch from PyPI's wheel (only the targets that use it; NCCL off: no GPU to run it here).
 torch_cmake=$(.venv-pypi/bin/python -c "import torch.utils; print(torch.utils.cmake_prefix_path)")
 cmake -S . -B build-pypi-torch -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$torch_cmake" \
   -DHVD_WITH_TORCH=ON -DHVD_WITH_NCCL=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_WERROR=ON \
   > build-pypi-torch.configure.log 2>&1 || { cat build-pypi-torch.configure.log; exit 1; }
 cmake --build build-pypi-torch -j "$(nproc)" --target train mpi_torch_tests
-# Fuzzing (60 s per target, all at once), after every build is done.
+# The fuzzers: built, then run 60 s per target, all at once.
 scripts/fuzz.sh 60

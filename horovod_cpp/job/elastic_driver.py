@@ -62,10 +62,10 @@ def run_discovery(script, default_slots, timeout=10.0):
 
 
 class Worker(object):
-    def __init__(self, host, slot, proc):
+    def __init__(self, host, slot, proc, start=0):
         self.host, self.slot, self.proc = host, slot, proc
         self.id = "%s:%d" % (host, slot)
-        self.start = 0  # which start among the driver's workers (a slot's id repeats)
+        self.start = start  # which start among the driver's workers (a slot's id repeats)
         self.rank = None  # in the latest round it belongs to
         self.ended = None  # exit status once it ended
         self.removed = False  # stopped by the driver (its host went away or was blacklisted)
@@ -167,8 +167,7 @@ class ElasticDriver(object):
         return env
 
     def start_worker(self, host, slot):
-        w = Worker(host, slot, None)
-        w.start = len(self.workers)
+        w = Worker(host, slot, None, start=len(self.workers))
         if self.spawn_fn is not None:
             w.proc = self.spawn_fn(host, self.worker_env(w), self.command, self.secret)
         else:

@@ -3,8 +3,9 @@ tests/launch/test_elastic.py:  elastic_sim_worker.py TARGET_SIZE [FAILING_WORKER
 
 Joins rounds until one has TARGET_SIZE ranks, then exits 0. Between rounds it does what a real
 rank's hvd.elastic.run does: a newer round (a peer failed) or a host update makes it ask for a
-reset and join again. FAILING_WORKER_ID exits 3 right after joining the first round. HVD_SIM_START_DELAY: seconds
-the process takes to start before it joins (a real rank's Python and torch imports).
+reset and join again. FAILING_WORKER_ID exits 3 right after joining the first round.
+HVD_SIM_START_DELAY: seconds the process takes to start before it joins (a real rank's Python
+and torch imports).
 """
 import os
 import sys

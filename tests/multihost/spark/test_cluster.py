@@ -449,7 +449,6 @@ def test_run_elastic_shrinks_when_a_worker_host_is_lost_and_grows_when_it_return
     grown = [line for line in rounds if "4 ranks" in line]
     TIMINGS.append("run_elastic: hvd-h3 killed: training went on with 2 ranks %.1f s later; its "
                    "worker restarted: back at 4 ranks (sizes %s, %d rounds in all) within %.1f s"
-                   % (shrunk, sizes, len(rounds),
-                      time.monotonic() - back_at))
+                   % (shrunk, sizes, len(rounds), time.monotonic() - back_at))
     assert len(grown) >= 2, rounds  # round 0 and the one it grew back in
     wait_executors(cluster.sparkContext, 2)
