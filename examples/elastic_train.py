@@ -9,8 +9,8 @@ over the ranks there are), so the global batch is batch-size x ranks; the learni
 it linearly (lr x ranks), set again in a reset callback whenever the world changes. The state
 (model, optimizer, sampler, epoch, batch) is committed every --commit-every steps; a failure
 rolls back to the last commit, and the job goes on with the ranks that remain. Rank 0 logs every
-epoch and every resize; every rank checks after a reset that its parameters are what was
-committed (rank 0's commit) and says so.
+epoch and every resize; every rank checks after a reset that its parameters are what a rank
+committed (rank 0's commit, which can be one newer than another rank's own) and says so.
 
 With --sharded 1 or 2 the optimizer is hvd.ShardedOptimizer (stage 1 or 2): each rank holds a
 slice of the optimizer state, a commit keeps a replica of every slice on another host, and a
@@ -144,7 +144,7 @@ def main():
     @hvd.elastic.run
     def train(state):
         # Every (re)start, after the state was synced from rank 0: every rank holds the same
-        # parameters, and a rank that committed before holds exactly its last commit.
+        # parameters, those of a commit that a rank made.
         scale_lr()
         now = digest(model)
         digests = hvd.allgather_object(now, name="elastic.digests")
@@ -154,14 +154,19 @@ def main():
             print("resharded the optimizer state%s over %d ranks in %.3f s"
                   % (" and the parameters" if args.sharded == 3 else "", hvd.size(),
                      state.reshard_seconds), flush=True)
+        # What every rank may have rolled back to. Not only its own: a failure can let one rank
+        # finish a step's allreduce (it got every chunk) and commit while another still waits
+        # for a chunk from the lost rank; sync then gives the lagging rank that newer commit.
+        held = [c for cs in hvd.allgather_object(progress["candidates"],
+                                                 name="elastic.candidates") for c in cs]
         if progress["candidates"]:
             # The parameters and the whole optimizer state must be those of one commit.
-            match = [c for c in progress["candidates"] if c == (now, opt_now)]
-            sharded = (", optimizer state %s equal to the last commit %s" % (opt_now, bool(match))
+            match = (now, opt_now) in held
+            sharded = (", optimizer state %s equal to the last commit %s" % (opt_now, match)
                        if args.sharded else "")
-            print("sync check: rank %d of %d params %s equal on every rank %s, equal to my last "
-                  "commit %s%s" % (hvd.rank(), hvd.size(), now, len(set(digests)) == 1,
-                                   bool(match), sharded), flush=True)
+            print("sync check: rank %d of %d params %s equal on every rank %s, equal to a rank's "
+                  "commit %s%s" % (hvd.rank(), hvd.size(), now, len(set(digests)) == 1, match,
+                                   sharded), flush=True)
         elif state.steps > 0:
             print("sync check: rank %d of %d params %s equal on every rank %s, new rank"
                   % (hvd.rank(), hvd.size(), now, len(set(digests)) == 1), flush=True)

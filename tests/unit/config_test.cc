@@ -3,8 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
+#include <set>
 #include <sstream>
 
 namespace hvd {
@@ -210,6 +213,27 @@ TEST(Config, EveryHorovodVariableNotReadGetsOneWarning) {
                                       "HOROVOD_GLOO_RENDEZVOUS_ADDR",
                                       "HOROVOD_ELASTIC_WORKER_ID"})
                   .empty());
+}
+
+// Every HOROVOD_* name that the Python package reads or that its launchers set for the workers
+// is known to the core: a worker never warns about a variable its own launcher exported.
+TEST(Config, NoWarningForTheVariablesThePythonPackageUses) {
+  const std::regex name("\"(HOROVOD_[A-Z0-9_]*[A-Z0-9])\"");
+  std::set<std::string> names;
+  for (const auto& entry :
+       std::filesystem::recursive_directory_iterator(HVD_SOURCE_DIR "/horovod_cpp")) {
+    if (entry.path().extension() != ".py") continue;
+    std::ifstream in(entry.path());
+    std::stringstream buf;
+    buf << in.rdbuf();
+    const std::string text = buf.str();
+    for (std::sregex_iterator m(text.begin(), text.end(), name), e; m != e; ++m) {
+      names.insert((*m)[1]);
+    }
+  }
+  ASSERT_GT(names.size(), 10u) << "no HOROVOD_ names found under horovod_cpp/";
+  EXPECT_EQ(names.count("HOROVOD_ELASTIC_WORKER_START"), 1u);
+  EXPECT_EQ(UnknownSettingWarnings({names.begin(), names.end()}), std::vector<std::string>{});
 }
 
 // docs/config.md's table is generated from common/knobs.def. To refresh it after changing a
