@@ -3,10 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 
@@ -218,7 +218,6 @@ TEST(Config, EveryHorovodVariableNotReadGetsOneWarning) {
 // Every HOROVOD_* name that the Python package reads or that its launchers set for the workers
 // is known to the core: a worker never warns about a variable its own launcher exported.
 TEST(Config, NoWarningForTheVariablesThePythonPackageUses) {
-  const std::regex name("\"(HOROVOD_[A-Z0-9_]*[A-Z0-9])\"");
   std::set<std::string> names;
   for (const auto& entry :
        std::filesystem::recursive_directory_iterator(HVD_SOURCE_DIR "/horovod_cpp")) {
@@ -227,8 +226,18 @@ TEST(Config, NoWarningForTheVariablesThePythonPackageUses) {
     std::stringstream buf;
     buf << in.rdbuf();
     const std::string text = buf.str();
-    for (std::sregex_iterator m(text.begin(), text.end(), name), e; m != e; ++m) {
-      names.insert((*m)[1]);
+    // "HOROVOD_..." string literals. (Not std::regex: GCC 12 warns inside it under ASan.)
+    for (size_t at = text.find("\"HOROVOD_"); at != std::string::npos;
+         at = text.find("\"HOROVOD_", at + 1)) {
+      size_t end = at + 1;
+      while (end < text.size() && (std::isupper(static_cast<unsigned char>(text[end])) ||
+                                   std::isdigit(static_cast<unsigned char>(text[end])) ||
+                                   text[end] == '_')) {
+        ++end;
+      }
+      if (end < text.size() && text[end] == '"' && text[end - 1] != '_') {
+        names.insert(text.substr(at + 1, end - at - 1));
+      }
     }
   }
   ASSERT_GT(names.size(), 10u) << "no HOROVOD_ names found under horovod_cpp/";
