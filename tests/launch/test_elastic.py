@@ -203,7 +203,7 @@ def test_training_survives_a_killed_rank_and_resumes_from_the_last_commit(tmp_pa
     # --commit-every 10: at most 10 steps redone (10 when the kill lands inside a commit, which
     # then does not count).
     assert int(resize.group(2)) <= 10, text
-    # Every survivor holds exactly its last commit after the reset, and all agree.
+    # Every survivor holds a commit that a rank made (rank 0's) after the reset, and all agree.
     checks = [l for l in out if "sync check: rank" in l and "of 2 params" in l]
     assert len(checks) == 2, text
     assert all("equal on every rank True, equal to a rank's commit True" in l for l in checks), \

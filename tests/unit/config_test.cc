@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -19,6 +20,14 @@ Result<Config> Parse(const std::map<std::string, std::string>& env) {
     if (it == env.end()) return std::nullopt;
     return it->second;
   });
+}
+
+std::optional<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in.good()) return std::nullopt;
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
 }
 
 TEST(Config, DefaultsMatchHorovod) {
@@ -222,10 +231,7 @@ TEST(Config, NoWarningForTheVariablesThePythonPackageUses) {
   for (const auto& entry :
        std::filesystem::recursive_directory_iterator(HVD_SOURCE_DIR "/horovod_cpp")) {
     if (entry.path().extension() != ".py") continue;
-    std::ifstream in(entry.path());
-    std::stringstream buf;
-    buf << in.rdbuf();
-    const std::string text = buf.str();
+    const std::string text = ReadFile(entry.path()).value_or("");
     // "HOROVOD_..." string literals. (Not std::regex: GCC 12 warns inside it under ASan.)
     for (size_t at = text.find("\"HOROVOD_"); at != std::string::npos;
          at = text.find("\"HOROVOD_", at + 1)) {
@@ -251,14 +257,9 @@ TEST(Config, DocsTableIsGenerated) {
   const std::string path = HVD_SOURCE_DIR "/docs/config.md";
   const std::string begin = "<!-- knobs: generated from common/knobs.def -->\n";
   const std::string end = "<!-- knobs: end -->\n";
-  std::string text;
-  {
-    std::ifstream in(path);
-    ASSERT_TRUE(in.good()) << path << " not found";
-    std::stringstream buf;
-    buf << in.rdbuf();
-    text = buf.str();
-  }
+  const std::optional<std::string> read = ReadFile(path);
+  ASSERT_TRUE(read) << path << " not found";
+  const std::string& text = *read;
   const size_t b = text.find(begin), e = text.find(end);
   ASSERT_NE(b, std::string::npos) << "docs/config.md lost its marker line: " << begin;
   ASSERT_NE(e, std::string::npos) << "docs/config.md lost its marker line: " << end;
