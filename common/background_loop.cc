@@ -186,6 +186,7 @@ void BackgroundLoop::ThreadMain() {
 
   Status end = Loop();
   watchdog_.reset();  // before the backend it may abort through goes
+  if (!end.ok() && end.code() != StatusCode::kAborted) backend_->Leaving(end);
   Finish(end);
   executor_.reset();
   controller_.reset();

@@ -46,6 +46,9 @@ class Backend {
   virtual Status Initialize() = 0;
   // Releases everything Initialize created (and finalises MPI if Initialize started it).
   virtual Status Finalize() = 0;
+  // The loop ended with `why` (an error, not a shutdown); Finalize follows. A backend may tell
+  // its peers why, who otherwise see only its connections close.
+  virtual void Leaving(const Status& /*why*/) {}
   virtual const Topology& topology() const = 0;
   // Asks for the hierarchical algorithms (HOROVOD_HIERARCHICAL_ALLREDUCE / _ALLGATHER): the
   // allreduce on every process set whose hosts run the same number of its ranks, the allgather

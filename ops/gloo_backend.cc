@@ -45,6 +45,7 @@
 #include "ops/backend.h"
 #include "ops/reduce_kernels.h"
 #include "ops/rendezvous_client.h"
+#include "ops/tcp_mesh.h"
 
 namespace hvd {
 namespace ops {
@@ -199,14 +200,23 @@ class GlooBackend final : public Backend {
     } else {
       attr.hostname = host_;
     }
-    HVD_GLOO_TRY("device on " + (iface.empty() ? host_ : iface),
-                 device_ = gloo::transport::tcp::CreateDevice(attr));
+    gloo::transport::tcp::attr resolved;
+    HVD_GLOO_TRY("device on " + (iface.empty() ? host_ : iface), {
+      resolved = gloo::transport::tcp::CreateDeviceAttr(attr);
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+    });
     HVD_ASSIGN_OR_RETURN(world_, Connect("global", topo_.rank, topo_.size));
     sets_[kGlobalProcessSetId] = world_;
+    HVD_RETURN_IF_ERROR(ConnectMesh(resolved));
     return WorkOutHosts();
   }
 
+  void Leaving(const Status& why) override {
+    if (mesh_) mesh_->Leave(why.message());
+  }
+
   Status Finalize() override {
+    mesh_.reset();
     sets_.clear();
     world_.reset();
     device_.reset();
@@ -220,8 +230,9 @@ class GlooBackend final : public Backend {
     if (topo_.size == 1 || count == 0) return Status::OK();
     const size_t n = static_cast<size_t>(count);
     std::vector<uint64_t> all(n * static_cast<size_t>(topo_.size));
-    HVD_GLOO_TRY("bit-vector allreduce", ExchangeBlocks(world_, words, n * sizeof(uint64_t),
-                                                        reinterpret_cast<char*>(all.data())));
+    HVD_RETURN_IF_ERROR(mesh_->Allgather(words, n * sizeof(uint64_t),
+                                         reinterpret_cast<char*>(all.data()),
+                                         "bit-vector allreduce"));
     for (int r = 0; r < topo_.size; ++r) {
       const uint64_t* theirs = all.data() + static_cast<size_t>(r) * n;
       for (size_t i = 0; i < n; ++i) words[i] &= theirs[i];
@@ -231,24 +242,11 @@ class GlooBackend final : public Backend {
 
   Status GatherBytes(const std::vector<uint8_t>& mine,
                      std::vector<std::vector<uint8_t>>* at_root) override {
-    std::vector<std::vector<uint8_t>> all;
-    HVD_RETURN_IF_ERROR(AllgatherBytes(world_, mine, &all));
-    if (topo_.rank == 0) *at_root = std::move(all);
-    return Status::OK();
+    return mesh_->Gather(mine, 0, at_root, "gather of bytes");
   }
 
   Status BroadcastBytes(std::vector<uint8_t>* bytes, int root) override {
-    if (topo_.size == 1) return Status::OK();
-    std::vector<char> frame(kFrameBytes);
-    if (topo_.rank == root) FillFrame(*bytes, frame.data());
-    HVD_RETURN_IF_ERROR(BroadcastOn(world_, frame.data(), kFrameBytes, root, "broadcast of bytes"));
-    if (topo_.rank != root && !ReadFrame(frame.data(), bytes)) {
-      return Status::Internal("an unreadable broadcast frame");
-    }
-    if (bytes->size() <= kFramePayload) return Status::OK();
-    return BroadcastOn(world_, bytes->data() + kFramePayload,
-                       static_cast<int64_t>(bytes->size() - kFramePayload), root,
-                       "broadcast of bytes");
+    return mesh_->Broadcast(bytes, root, "broadcast of bytes");
   }
 
   Status AddProcessSet(int32_t id, const std::vector<int>& ranks) override {
@@ -295,8 +293,8 @@ class GlooBackend final : public Backend {
     if (static_cast<size_t>(ctx->size - 1) * bytes <= kDirectBytes) {
       // Every rank's block, then block 0 reduced with 1, 2, ... in that order on every rank.
       exchange_.resize(bytes * static_cast<size_t>(ctx->size));
-      HVD_GLOO_TRY("allreduce", ExchangeBlocks(ctx, in_place ? recv : send, bytes,
-                                               exchange_.data()));
+      HVD_RETURN_IF_ERROR(ExchangeBlocks(ctx, in_place ? recv : send, bytes, exchange_.data(),
+                                         "allreduce"));
       std::memcpy(recv, exchange_.data(), bytes);
       for (int r = 1; r < ctx->size; ++r) {
         ReduceInto(recv, exchange_.data() + static_cast<size_t>(r) * bytes, count, dtype, op);
@@ -355,9 +353,7 @@ class GlooBackend final : public Backend {
         lens[r] = static_cast<size_t>(counts[r]) * elem;
         at[r] = static_cast<size_t>(displs[r]) * elem;
       }
-      HVD_GLOO_TRY("allgather",
-                   ExchangeBlocksV(ctx, send, static_cast<char*>(recv), lens, at));
-      return Status::OK();
+      return ExchangeBlocksV(ctx, send, static_cast<char*>(recv), lens, at, "allgather");
     }
     std::vector<char> staging(packed ? 0 : static_cast<size_t>(total) * elem);
     char* out = packed ? static_cast<char*>(recv) : staging.data();
@@ -445,7 +441,7 @@ class GlooBackend final : public Backend {
   // every rank; this rank's comes from `mine` (copied, unless it is already in place). One
   // message per pair of ranks, all in flight at once; waits up to the context's timeout and
   // throws as Gloo's collectives do (a peer gone, a timeout). Every rank knows every lens[r].
-  static void ExchangeBlocksV(const std::shared_ptr<gloo::Context>& ctx, const void* mine,
+  static void GlooExchangeBlocksV(const std::shared_ptr<gloo::Context>& ctx, const void* mine,
                               char* out, const std::vector<size_t>& lens,
                               const std::vector<size_t>& at) {
     const int me = ctx->rank;
@@ -474,13 +470,22 @@ class GlooBackend final : public Backend {
     for (int i = 0; i < sending; ++i) in->waitSend();
   }
 
+  // The direct exchange on `ctx`: over the control mesh for the global set, else over Gloo.
+  Status ExchangeBlocksV(const std::shared_ptr<gloo::Context>& ctx, const void* mine, char* out,
+                         const std::vector<size_t>& lens, const std::vector<size_t>& at,
+                         const char* what) {
+    if (ctx == world_) return mesh_->AllgatherInto(mine, lens, at, out, what);
+    HVD_GLOO_TRY(what, GlooExchangeBlocksV(ctx, mine, out, lens, at));
+    return Status::OK();
+  }
+
   // Every rank's block of `bytes` in rank order at `out`.
-  static void ExchangeBlocks(const std::shared_ptr<gloo::Context>& ctx, const void* mine,
-                             size_t bytes, char* out) {
+  Status ExchangeBlocks(const std::shared_ptr<gloo::Context>& ctx, const void* mine,
+                        size_t bytes, char* out, const char* what) {
     const size_t n = static_cast<size_t>(ctx->size);
     std::vector<size_t> lens(n, bytes), at(n);
     for (size_t r = 0; r < n; ++r) at[r] = r * bytes;
-    ExchangeBlocksV(ctx, mine, out, lens, at);
+    return ExchangeBlocksV(ctx, mine, out, lens, at, what);
   }
 
   template <typename T>
@@ -548,73 +553,12 @@ class GlooBackend final : public Backend {
     return Status::OK();
   }
 
-  // The negotiation's byte messages (request lists, the response list, host names) travel in
-  // frames of kFrameBytes: the length, then as much of the message as fits. A second step
-  // carries what did not fit, only where some message was longer: one exchange (or broadcast)
-  // instead of a size round then a data round.
-  static constexpr size_t kFrameBytes = 512;
-  static constexpr size_t kFramePayload = kFrameBytes - sizeof(uint64_t);
-
-  static void FillFrame(const std::vector<uint8_t>& message, char* frame) {
-    const uint64_t len = message.size();
-    std::memcpy(frame, &len, sizeof(len));
-    std::memcpy(frame + sizeof(len), message.data(), std::min<size_t>(message.size(),
-                                                                      kFramePayload));
-  }
-  // `message` sized as the frame says, with the part the frame carries; false for a length no
-  // message can have.
-  static bool ReadFrame(const char* frame, std::vector<uint8_t>* message) {
-    uint64_t len = 0;
-    std::memcpy(&len, frame, sizeof(len));
-    if (len > (uint64_t{1} << 40)) return false;
-    message->resize(static_cast<size_t>(len));
-    std::memcpy(message->data(), frame + sizeof(len),
-                std::min<size_t>(message->size(), kFramePayload));
-    return true;
-  }
-
-  Status AllgatherBytes(const std::shared_ptr<gloo::Context>& ctx,
-                        const std::vector<uint8_t>& mine,
-                        std::vector<std::vector<uint8_t>>* all) {
-    const size_t n = static_cast<size_t>(ctx->size);
-    if (n == 1) {
-      all->assign(1, mine);
-      return Status::OK();
-    }
-    std::vector<char> mine_frame(kFrameBytes), frames(n * kFrameBytes);
-    FillFrame(mine, mine_frame.data());
-    HVD_GLOO_TRY("allgather of bytes", ExchangeBlocks(ctx, mine_frame.data(), kFrameBytes,
-                                                     frames.data()));
-    all->assign(n, {});
-    std::vector<size_t> rest(n), at(n);
-    size_t total_rest = 0;
-    for (size_t r = 0; r < n; ++r) {
-      if (!ReadFrame(frames.data() + r * kFrameBytes, &(*all)[r])) {
-        return Status::Internal("rank " + std::to_string(r) + " sent an unreadable frame");
-      }
-      const size_t len = (*all)[r].size();
-      rest[r] = len > kFramePayload ? len - kFramePayload : 0;
-      at[r] = total_rest;
-      total_rest += rest[r];
-    }
-    if (total_rest == 0) return Status::OK();
-    std::vector<char> tails(total_rest);
-    const size_t me = static_cast<size_t>(ctx->rank);
-    HVD_GLOO_TRY("allgather of bytes",
-                 ExchangeBlocksV(ctx, rest[me] ? mine.data() + kFramePayload : nullptr,
-                                 tails.data(), rest, at));
-    for (size_t r = 0; r < n; ++r) {
-      if (rest[r]) std::memcpy((*all)[r].data() + kFramePayload, tails.data() + at[r], rest[r]);
-    }
-    return Status::OK();
-  }
-
   // Local rank: among the ranks of the same HOROVOD_HOSTNAME; cross rank: among the ranks of
   // the same local rank (as the MPI backend's communicators define them).
   Status WorkOutHosts() {
     std::vector<uint8_t> mine(host_.begin(), host_.end());
     std::vector<std::vector<uint8_t>> hosts;
-    HVD_RETURN_IF_ERROR(AllgatherBytes(world_, mine, &hosts));
+    HVD_RETURN_IF_ERROR(mesh_->AllgatherV(mine, &hosts, "exchange of host names"));
     std::vector<int> local_rank(hosts.size());
     topo_.local_rank = topo_.local_size = 0;
     for (size_t r = 0; r < hosts.size(); ++r) {
@@ -633,6 +577,22 @@ class GlooBackend final : public Backend {
     return Status::OK();
   }
 
+  // The control mesh over the global set's ranks (ops/tcp_mesh.h), at the address Gloo's
+  // device listens on; the rendezvous under this Init's scope.
+  Status ConnectMesh(const gloo::transport::tcp::attr& resolved) {
+    const std::string prefix = scope_ + "/mesh/";
+    auto set = [this, &prefix](const std::string& key, const std::vector<char>& value) {
+      return client_->Set(prefix + key, value);
+    };
+    auto get = [this, &prefix](const std::string& key) {
+      return client_->Get(prefix + key, timeout_);
+    };
+    HVD_ASSIGN_OR_RETURN(mesh_, TcpMesh::Connect(resolved.ai_addr,
+                                                 static_cast<socklen_t>(resolved.ai_addrlen),
+                                                 topo_.rank, topo_.size, timeout_, set, get));
+    return Status::OK();
+  }
+
   Topology topo_;
   std::chrono::milliseconds timeout_{30000};
   std::string scope_;
@@ -641,6 +601,7 @@ class GlooBackend final : public Backend {
   std::unique_ptr<Store> store_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> world_;
+  std::unique_ptr<TcpMesh> mesh_;
   std::map<int32_t, std::shared_ptr<gloo::Context>> sets_;  // null: not a member
   int64_t set_calls_ = 0;
   std::vector<char> reduced_;   // ReduceScatter's whole reduced buffer
