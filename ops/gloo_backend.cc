@@ -10,14 +10,16 @@
 // the next one's. Local and cross ranks are worked out from every rank's HOROVOD_HOSTNAME
 // after the ranks meet, so a launcher cannot get them wrong.
 //
-// One full-mesh context carries the negotiation and the global set's data; each process set
-// gets a context of its own, built through the store by its members. Only the background
-// thread calls a Backend, so the calls on a context are ordered alike on every rank and one
-// tag suffices. Gloo waits in its transport's event loop (no spinning), up to
-// HOROVOD_GLOO_TIMEOUT_SECONDS per operation; a peer whose process ended closes its
-// connections, which fails the operation at once. Every failure becomes kUnavailable, which
-// ends the background loop with HorovodInternalError on every pending operation: what an
-// elastic job catches to re-form without the lost ranks.
+// The negotiation, the host names and the global set's small collectives go over a TCP mesh
+// of our own (ops/tcp_mesh.h: one write and one read per message, where Gloo takes a
+// rendezvous and a hop through its event-loop thread); a full-mesh Gloo context carries the
+// global set's other data, and each process set gets a context of its own, built through the
+// store by its members. Only the background thread calls a Backend, so the calls on a context
+// are ordered alike on every rank and one tag suffices. Every operation waits up to
+// HOROVOD_GLOO_TIMEOUT_SECONDS; a peer whose process ended closes its connections, which fails
+// the operation at once. Every failure becomes kUnavailable, which ends the background loop
+// with HorovodInternalError on every pending operation: what an elastic job catches to re-form
+// without the lost ranks.
 
 #include <unistd.h>
 

@@ -65,6 +65,17 @@ sockaddr_storage Loopback(socklen_t* len) {
   return addr;
 }
 
+// Rank `rank`'s mesh over loopback, or null (the failure reported).
+std::unique_ptr<TcpMesh> ConnectRank(MemoryStore* store, int rank, int size,
+                                     std::chrono::milliseconds timeout) {
+  socklen_t len = 0;
+  const sockaddr_storage addr = Loopback(&len);
+  Result<std::unique_ptr<TcpMesh>> mesh =
+      TcpMesh::Connect(addr, len, rank, size, timeout, store->Setter(), store->Getter());
+  EXPECT_TRUE(mesh.ok()) << mesh.status().ToString();
+  return mesh.ok() ? std::move(mesh).value() : nullptr;
+}
+
 // Runs body(rank, mesh) on `size` threads, each with its own connected mesh.
 void OnRanks(int size, std::chrono::milliseconds timeout,
              const std::function<void(int, TcpMesh&)>& body) {
@@ -72,12 +83,8 @@ void OnRanks(int size, std::chrono::milliseconds timeout,
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
-      socklen_t len = 0;
-      const sockaddr_storage addr = Loopback(&len);
-      Result<std::unique_ptr<TcpMesh>> mesh =
-          TcpMesh::Connect(addr, len, r, size, timeout, store.Setter(), store.Getter());
-      ASSERT_TRUE(mesh.ok()) << mesh.status().ToString();
-      body(r, *mesh.value());
+      std::unique_ptr<TcpMesh> mesh = ConnectRank(&store, r, size, timeout);
+      if (mesh) body(r, *mesh);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -175,33 +182,21 @@ TEST(TcpMesh, MessagesLargerThanTheSocketsBuffersCrossWithoutWaitingOnEachOther)
 TEST(TcpMesh, AStrangerDuringSetUpIsClosedAndTheMeshStillForms) {
   MemoryStore store;
   std::unique_ptr<TcpMesh> mesh0, mesh1;
-  std::thread rank0([&] {
-    socklen_t len = 0;
-    const sockaddr_storage addr = Loopback(&len);
-    auto m = TcpMesh::Connect(addr, len, 0, 2, 10s, store.Setter(), store.Getter());
-    ASSERT_TRUE(m.ok()) << m.status().ToString();
-    mesh0 = std::move(m).value();
-  });
+  std::thread rank0([&] { mesh0 = ConnectRank(&store, 0, 2, 10s); });
   // The stranger: reads rank 0's address (as a scanner would find the port), sends a hello
   // with a wrong token, and another connection that sends nothing at all.
   const std::vector<char> entry = store.Peek("0");
   sockaddr_storage addr{};
   std::memcpy(&addr, entry.data(), sizeof(sockaddr_in));
   int silent = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_EQ(0, ::connect(silent, reinterpret_cast<sockaddr*>(&addr), sizeof(sockaddr_in)));
+  EXPECT_EQ(0, ::connect(silent, reinterpret_cast<sockaddr*>(&addr), sizeof(sockaddr_in)));
   int wrong = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_EQ(0, ::connect(wrong, reinterpret_cast<sockaddr*>(&addr), sizeof(sockaddr_in)));
+  EXPECT_EQ(0, ::connect(wrong, reinterpret_cast<sockaddr*>(&addr), sizeof(sockaddr_in)));
   char hello[24] = {'H', 'V', 'D', 'M', 1, 0, 0, 0};  // rank 1, a token of zeros
-  ASSERT_EQ(24, ::send(wrong, hello, sizeof(hello), 0));
+  EXPECT_EQ(24, ::send(wrong, hello, sizeof(hello), 0));
   char answer = 0;
   EXPECT_EQ(0, ::recv(wrong, &answer, 1, 0)) << "the wrong token was not refused";
-  std::thread rank1([&] {
-    socklen_t len = 0;
-    const sockaddr_storage addr = Loopback(&len);
-    auto m = TcpMesh::Connect(addr, len, 1, 2, 10s, store.Setter(), store.Getter());
-    ASSERT_TRUE(m.ok()) << m.status().ToString();
-    mesh1 = std::move(m).value();
-  });
+  std::thread rank1([&] { mesh1 = ConnectRank(&store, 1, 2, 10s); });
   rank0.join();
   rank1.join();
   ::close(silent);
