@@ -276,13 +276,8 @@ Status TcpMesh::Transfer(const std::vector<Out>& out, const std::vector<In>& in,
   };
   std::vector<Sending> sending(n);
   std::vector<Receiving> receiving(n);
-  size_t left = 0;
   for (size_t r = 0; r < n; ++r) {
-    if (out[r].set) {
-      sending[r].header = {seq, 0, out[r].len};
-      ++left;
-    }
-    if (in[r].set) ++left;
+    if (out[r].set) sending[r].header = {seq, 0, out[r].len};
   }
   const Clock::time_point deadline = Clock::now() + timeout_;
   // Fails the mesh, noting which streams stopped in the middle of a message.
@@ -379,15 +374,13 @@ Status TcpMesh::Transfer(const std::vector<Out>& out, const std::vector<In>& in,
   std::vector<bool> out_done(n, true), in_done(n, true);
   for (size_t r = 0; r < n; ++r) {
     if (out[r].set) {
-      HVD_ASSIGN_OR_RETURN(bool done, push(r));
-      out_done[r] = done;
-      if (done) --left;
+      HVD_ASSIGN_OR_RETURN(out_done[r], push(r));
     }
-    if (in[r].set) in_done[r] = false;
+    in_done[r] = !in[r].set;
   }
   std::vector<pollfd> pfds;
   std::vector<size_t> peer;
-  while (left > 0) {
+  while (true) {
     pfds.clear();
     peer.clear();
     for (size_t r = 0; r < n; ++r) {
@@ -397,6 +390,7 @@ Status TcpMesh::Transfer(const std::vector<Out>& out, const std::vector<In>& in,
       pfds.push_back({fds_[r], events, 0});
       peer.push_back(r);
     }
+    if (pfds.empty()) return Status::OK();  // every message out and in
     const int rc = ::poll(pfds.data(), pfds.size(), RemainingMs(deadline));
     if (rc < 0) {
       if (errno == EINTR) continue;
@@ -416,22 +410,13 @@ Status TcpMesh::Transfer(const std::vector<Out>& out, const std::vector<In>& in,
       if (pfds[i].revents == 0) continue;
       const size_t r = peer[i];
       if (!in_done[r]) {
-        HVD_ASSIGN_OR_RETURN(bool done, pull(r));
-        if (done) {
-          in_done[r] = true;
-          --left;
-        }
+        HVD_ASSIGN_OR_RETURN(in_done[r], pull(r));
       }
       if (!out_done[r]) {
-        HVD_ASSIGN_OR_RETURN(bool done, push(r));
-        if (done) {
-          out_done[r] = true;
-          --left;
-        }
+        HVD_ASSIGN_OR_RETURN(out_done[r], push(r));
       }
     }
   }
-  return Status::OK();
 }
 
 Status TcpMesh::Allgather(const void* mine, size_t bytes, char* out, const char* what) {
