@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (fuzz/, clang + ASan + UBSan) and runs each for a fixed time,
-# all at once. Exits non-zero on any crash, sanitizer report or broken invariant (the input
-# that did it is saved as build-fuzz/crash-*; rerun it with build-fuzz/<target> FILE).
+# all at once. Exits non-zero on any crash, sanitizer report, broken invariant or slow input
+# (the input that did it is saved as build-fuzz/<target>.found; rerun it with
+# build-fuzz/<target>_fuzz FILE).
+# A slow input is one that takes over 10 s by the wall clock. ./test.sh runs this at the lowest
+# CPU priority beside the cross-host suite, where a fuzzer can wait for the CPU longer than that
+# while inside one input (CI saw one 13 s "timeout" in ~2 million inputs of microseconds each).
+# So an input reported slow is run again alone: only one that is slow again fails the run.
 #   scripts/fuzz.sh [SECONDS]        default 60 per target (./test.sh uses the default)
 #   scripts/fuzz.sh 3600             a longer hunt; new inputs collect in build-fuzz/corpus-*
 #   scripts/fuzz.sh --seeds          rewrite fuzz/corpus/wire from real messages
@@ -22,13 +27,21 @@ for target in "${targets[@]}"; do
   # The repo's seeds plus whatever earlier runs found; the repo corpus is never written.
   (cd build-fuzz && exec "./${target}_fuzz" "corpus-$target" "../fuzz/corpus/$target" \
      -max_total_time="$seconds" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
-     > "fuzz-$target.log" 2>&1) &
+     -exact_artifact_path="$target.found" > "fuzz-$target.log" 2>&1) &
   pids+=($!)
 done
 status=0
 for i in "${!pids[@]}"; do
   target=${targets[$i]}
-  if ! wait "${pids[$i]}"; then
+  rc=0
+  wait "${pids[$i]}" || rc=$?
+  if ((rc == 70)) && grep -q 'libFuzzer: timeout' "build-fuzz/fuzz-$target.log" \
+      && (cd build-fuzz && timeout 60 "./${target}_fuzz" -timeout=10 "$target.found") \
+         > "build-fuzz/fuzz-$target.rerun.log" 2>&1; then
+    echo "fuzz.sh: ${target}_fuzz: an input passed the 10 s limit while fuzzing, but alone it" \
+         "ran within it (build-fuzz/fuzz-$target.rerun.log): the fuzzer waited for the CPU," \
+         "not a slow input; the fuzzing of this target stopped there" >&2
+  elif ((rc != 0)); then
     status=1
     echo "fuzz.sh: ${target}_fuzz FAILED; log: build-fuzz/fuzz-$target.log" >&2
     tail -40 "build-fuzz/fuzz-$target.log" >&2
