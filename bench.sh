@@ -148,7 +148,8 @@ if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT;
       "${PP[@]}"
     echo "# the Gloo backend (hvdrun --gloo) vs MPI: the same measurements (ratio = MPI p50 / Gloo p50)"
     backends=$(mktemp -d build/backends.XXXXXX)
-    (cd examples/bench &&
+    # Every side with the OpenMP threads hvdrun gives 2 ranks on this machine (its CPUs / 2).
+    (cd examples/bench && export OMP_NUM_THREADS=$(( $(nproc) >= 4 ? $(nproc) / 2 : 1 )) &&
       "${MPIRUN[@]}" ../../.venv/bin/python backend_compare.py --out "../../$backends/mpi.json" &&
       "${MPIRUN[@]}" --mca btl tcp,self ../../.venv/bin/python backend_compare.py \
         --out "../../$backends/mpi_tcp.json" &&

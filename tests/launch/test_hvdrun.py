@@ -41,13 +41,46 @@ def printed_command(result):
 
 # ---- the exact mpirun command ------------------------------------------------------------------
 
+CPUS = len(os.sched_getaffinity(0))
+
+
 def test_defaults_on_this_machine():
     r = hvdrun(["-np", "2", "--dry-run", "python", "train.py", "--epochs", "3"])
     assert r.returncode == 0, r.stderr
     assert printed_command(r) == (
         ["mpirun"] + ROOT + ["--tag-output", "-np", "2", "--bind-to", "none", "--map-by",
-                             "slot", "-mca", "mpi_yield_when_idle", "1"] + forwarded() + [
+                             "slot", "-mca", "mpi_yield_when_idle", "1",
+                             "-x", "OMP_NUM_THREADS=%d" % max(1, CPUS // 2)] + forwarded() + [
                              "python", "train.py", "--epochs", "3"])
+
+
+def omp_setting(args, env=None):
+    """The OMP_NUM_THREADS value hvdrun's --dry-run command sets (None: none set)."""
+    r = hvdrun(args + ["--dry-run", "./t"], env=env)
+    assert r.returncode == 0, r.stderr
+    cmd = printed_command(r)
+    values = [a.split("=", 1)[1] for a in cmd if a.startswith("OMP_NUM_THREADS=")]
+    assert len(values) <= 1, cmd
+    return int(values[0]) if values else None
+
+
+def test_omp_threads_divide_the_cpus_among_a_hosts_ranks():
+    # This machine alone: its CPUs shared out, never below 1.
+    assert omp_setting(["-np", "2"]) == max(1, CPUS // 2)
+    assert omp_setting(["-np", "3"]) == max(1, CPUS // 3)
+    assert omp_setting(["-np", str(4 * CPUS)]) == 1
+    assert omp_setting(["-np", "2", "-H", "localhost:2"]) == max(1, CPUS // 2)
+    # One rank per host: torch's own default stays.
+    assert omp_setting(["-np", "1"]) is None
+    assert omp_setting(["-np", "2", "-H", "node1:1,node2:1"]) is None
+    # Several ranks on some other host: 1, as torchrun (their CPUs are not known here).
+    assert omp_setting(["-np", "3", "-H", "node1:2,node2:1"]) == 1
+    assert omp_setting(["-np", "3", "-H", "node1:1,node2:1", "--oversubscribe"]) == 1
+    # The user's own value wins, and is passed on by name.
+    r = hvdrun(["-np", "2", "--dry-run", "./t"], env={"OMP_NUM_THREADS": "5"})
+    cmd = printed_command(r)
+    assert cmd[cmd.index("OMP_NUM_THREADS") - 1] == "-x"
+    assert not any(a.startswith("OMP_NUM_THREADS=") for a in cmd)
 
 
 def test_every_knob_hosts_and_mpi_args():
@@ -73,6 +106,7 @@ def test_every_knob_hosts_and_mpi_args():
             "-x", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=20.0",
             "-x", "HOROVOD_TIMELINE=/tmp/tl.json",
             "-x", "HOROVOD_TIMELINE_MARK_CYCLES=1",
+            "-x", "OMP_NUM_THREADS=1",  # 2 ranks on a host elsewhere
         ] + forwarded("PYTHONPATH") + [
             "-mca", "btl", "tcp,self", "--report-bindings",
             "./train", "--lr", "0.1"])
@@ -187,6 +221,21 @@ def test_real_run_prefixes_output_and_forwards_knobs(np):
     assert re.search(r"^hvdrun: /\S*mpirun --", r.stderr, re.M), r.stderr  # --verbose
 
 
+@pytest.mark.parametrize("launcher", [[], ["--gloo"]])
+def test_ranks_get_the_omp_threads_and_hvdrun_says_so(launcher):
+    code = "import os; print('threads', os.environ.get('OMP_NUM_THREADS'))"
+    expected = max(1, CPUS // 2)
+    r = hvdrun(launcher + ["-np", "2", sys.executable, "-c", code])
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in range(2):
+        assert "[%d]<stdout>:threads %d" % (rank, expected) in r.stdout.splitlines(), r.stdout
+    assert ("hvdrun: each rank runs with OMP_NUM_THREADS=%d (2 ranks share this machine's %d "
+            "CPUs); set OMP_NUM_THREADS to choose" % (expected, CPUS)) in r.stderr, r.stderr
+    r = hvdrun(launcher + ["-np", "2", sys.executable, "-c", code], env={"OMP_NUM_THREADS": "3"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[1]<stdout>:threads 3" in r.stdout.splitlines() and "OMP_NUM" not in r.stderr
+
+
 def test_exit_code_of_the_job():
     code = "import os, sys; sys.exit(3 if os.environ['OMPI_COMM_WORLD_RANK'] == '1' else 0)"
     r = hvdrun(["-np", "2", sys.executable, "-c", code])
@@ -264,14 +313,16 @@ def test_horovodrun_flag_names_are_accepted(tmp_path):
     assert r.returncode == 0, r.stderr
     assert exported(r) == {"HOROVOD_STALL_CHECK_TIME_SECONDS=7.0",
                            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=30.0",
-                           "HOROVOD_LOG_LEVEL=debug"}
+                           "HOROVOD_LOG_LEVEL=debug",
+                           "OMP_NUM_THREADS=1"}  # node1 runs 2 ranks
     assert "node1:2" in printed_command(r)
 
 
 def test_no_stall_check_disables_the_inspector():
     r = hvdrun(["-np", "2", "--no-stall-check", "--dry-run", "python", "train.py"])
     assert r.returncode == 0, r.stderr
-    assert exported(r) == {"HOROVOD_STALL_CHECK_DISABLE=1"}
+    assert exported(r) == {"HOROVOD_STALL_CHECK_DISABLE=1",
+                           "OMP_NUM_THREADS=%d" % max(1, CPUS // 2)}
 
 
 def test_version_and_check_build():
