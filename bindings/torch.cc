@@ -2,6 +2,7 @@
 #include "bindings/torch.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -419,6 +420,14 @@ DistributedOptimizer::DistributedOptimizer(
           "PowerSGDOptions: matrix_approximation_rank must be >= 1, start_powersgd_iter, "
           "min_compression_rate and orthogonalization_epsilon >= 0"));
     }
+    if (o.probe_block < 1 || o.probe_blocks < 1 || o.probe_interval < 0 ||
+        o.probe_interval_max < o.probe_interval) {
+      Throw(Status::InvalidArgument(
+          "PowerSGDOptions: probe_block and probe_blocks must be >= 1, and "
+          "0 <= probe_interval <= probe_interval_max"));
+    }
+    next_probe_ = o.start_powersgd_iter;
+    probe_interval_ = o.probe_interval;
   }
   std::unordered_map<const void*, std::string> names;
   std::unordered_set<std::string> seen;
@@ -496,10 +505,60 @@ void DistributedOptimizer::OnGradient(size_t index, const ::torch::Tensor& grad)
   Submit(p, held.defined() ? (held + grad).detach() : grad.detach().clone());
 }
 
-bool DistributedOptimizer::Compresses(const Param& p) const {
-  if (options_.compression != Compression::kPowerSGD) return false;
+std::pair<bool, bool> DistributedOptimizer::PowerSGDMode() const {
+  if (options_.compression != Compression::kPowerSGD) return {false, false};
   const PowerSGDOptions& o = options_.powersgd;
-  if (powersgd_iter_ < o.start_powersgd_iter) return false;
+  if (powersgd_iter_ < o.start_powersgd_iter) return {false, false};
+  if (!o.adaptive) return {true, false};
+  const int64_t k = powersgd_iter_ - next_probe_;
+  if (k >= 0 && k < 2 * int64_t{o.probe_blocks} * o.probe_block) {
+    return {(k / o.probe_block) % 2 == 1, k % o.probe_block > 0};  // exact blocks first
+  }
+  return {compressing_, false};
+}
+
+void DistributedOptimizer::PowerSGDStepDone() {
+  const PowerSGDOptions& o = options_.powersgd;
+  const auto [compressed, timed] = PowerSGDMode();
+  const double now =
+      o.clock ? o.clock()
+              : std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+                    .count();
+  if (timed && last_step_end_ >= 0) probe_times_[compressed].push_back(now - last_step_end_);
+  last_step_end_ = now;
+  const int64_t length = 2 * int64_t{o.probe_blocks} * o.probe_block;
+  if (o.adaptive && powersgd_iter_ >= o.start_powersgd_iter &&
+      powersgd_iter_ - next_probe_ == length - 1) {
+    // The median of each kind on each rank, the slowest rank's (a maximum: the same bits on
+    // every rank whatever the reduction order), one decision everywhere.
+    auto median = [](std::vector<double> t) {
+      if (t.empty()) return 0.0;
+      std::sort(t.begin(), t.end());
+      const size_t h = t.size() / 2;
+      return t.size() % 2 ? t[h] : (t[h - 1] + t[h]) / 2;
+    };
+    ::torch::Tensor medians = ::torch::tensor(
+        {median(probe_times_[true]), median(probe_times_[false])}, ::torch::kDouble);
+    ReduceOptions max;
+    max.op = ReduceOp::kMax;
+    max.process_set_id = options_.process_set_id;
+    ::torch::Tensor slowest = Allreduce(medians, "powersgd.probe", max);
+    const double compressed_s = slowest[0].item<double>(), exact_s = slowest[1].item<double>();
+    const bool compress = compressed_s < exact_s;
+    probe_interval_ = compress == compressing_ ? std::min(2 * probe_interval_,
+                                                          o.probe_interval_max)
+                                               : o.probe_interval;
+    compressing_ = compress;
+    next_probe_ = powersgd_iter_ + 1 + probe_interval_;
+    probe_times_[0].clear();
+    probe_times_[1].clear();
+    decisions_.push_back({powersgd_iter_ + 1, 1e3 * compressed_s, 1e3 * exact_s, compress});
+  }
+}
+
+bool DistributedOptimizer::Compresses(const Param& p) const {
+  if (!PowerSGDMode().first) return false;
+  const PowerSGDOptions& o = options_.powersgd;
   auto [n, m, r] = MatrixRank(p.tensor, o.matrix_approximation_rank);
   return n > 0 && static_cast<double>(n) * m > static_cast<double>(n + m) * r *
                                                    o.min_compression_rate;
@@ -572,6 +631,13 @@ void DistributedOptimizer::Submit(Param& p, ::torch::Tensor gradient) {
     StartLowRank(p, std::move(gradient));
     return;
   }
+  if (p.error.defined()) {
+    // An exact step after compressed ones (the adaptive policy): the error error feedback
+    // kept goes with the gradient, and is dropped. (`gradient` is this step's own tensor.)
+    ::torch::NoGradGuard no_grad;
+    if (p.error.numel() == gradient.numel()) gradient.add_(p.error.view(gradient.sizes()));
+    p.error = ::torch::Tensor();
+  }
   p.cast = false;
   if ((options_.compression == Compression::kFP16 ||
        options_.compression == Compression::kBF16) &&
@@ -627,9 +693,10 @@ void DistributedOptimizer::Synchronize(CallSite where) {
       p->passes = 0;
     }
     if (options_.compression == Compression::kPowerSGD) {
-      if (powersgd_iter_ >= options_.powersgd.start_powersgd_iter && after > 0) {
+      if (PowerSGDMode().first && after > 0) {
         compression_rate_ = static_cast<double>(before) / static_cast<double>(after);
       }
+      PowerSGDStepDone();
       ++powersgd_iter_;
     }
   }

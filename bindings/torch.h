@@ -149,6 +149,33 @@ struct PowerSGDOptions {
   bool warm_start = true;
   double orthogonalization_epsilon = 0.0;
   int64_t random_seed = 0;
+  // Compress only while it pays (not in PyTorch; horovod_cpp.torch's `adaptive`, the same
+  // policy): from start_powersgd_iter on, a probe alternates blocks of exact and compressed
+  // steps (probe_blocks of each, probe_block steps long, the first step of each block not
+  // counted) and compares the median step times, each the slowest rank's (every rank takes
+  // the same decision); the job then compresses only if compressed steps were faster. The
+  // probe is repeated after probe_interval steps, twice as long after each probe that did not
+  // change the decision (up to probe_interval_max). An exact step sends each rank's kept error
+  // with its gradient (and drops it), so nothing error feedback kept is lost. false: PyTorch's
+  // behaviour, every step compressed from start_powersgd_iter on (trajectories that do not
+  // depend on timing).
+  bool adaptive = true;
+  int probe_block = 3;
+  int probe_blocks = 3;
+  int64_t probe_interval = 250;
+  int64_t probe_interval_max = 4000;
+  // The clock steps are timed by, in seconds (empty: std::chrono::steady_clock; tests pass a
+  // fake one).
+  std::function<double()> clock;
+};
+
+// One probe's outcome (DistributedOptimizer::powersgd_decisions()): the first step it applies
+// to, the slowest rank's median step time of each kind, and whether the job compresses.
+struct PowerSGDDecision {
+  int64_t step = 0;
+  double compressed_ms = 0;
+  double exact_ms = 0;
+  bool compress = false;
 };
 
 // The seed of a parameter's random Q at a step: FNV-1a (64 bit) of "random_seed/name/step",
@@ -207,15 +234,23 @@ class DistributedOptimizer {
   ::torch::optim::Optimizer& optimizer() { return *optimizer_; }
 
   // PowerSGD: the steps reduced so far, and the numbers a step would send uncompressed / what
-  // the last compressed step sent (1 before compression starts).
+  // the last compressed step sent (1 before any step compressed).
   int64_t powersgd_iter() const { return powersgd_iter_; }
   double compression_rate() const { return compression_rate_; }
+  // The adaptive policy (PowerSGDOptions::adaptive): whether the job compresses outside a
+  // probe, and each probe's outcome so far.
+  bool powersgd_compressing() const { return compressing_; }
+  const std::vector<PowerSGDDecision>& powersgd_decisions() const { return decisions_; }
 
  private:
   struct Param;
   void OnGradient(size_t index, const ::torch::Tensor& grad);
   void Submit(Param& p, ::torch::Tensor gradient);
   bool Compresses(const Param& p) const;   // PowerSGD at this step
+  // PowerSGD at this step: (compressed?, timed for a probe?).
+  std::pair<bool, bool> PowerSGDMode() const;
+  // Once per step, after the reductions: times the step, ends a probe.
+  void PowerSGDStepDone();
   void StartLowRank(Param& p, ::torch::Tensor gradient);
   // Every P reduced, orthonormalized, and its Q computed; then all the Qs' allreduces start
   // as one grouped allreduce (one negotiation, one fused collective).
@@ -229,6 +264,15 @@ class DistributedOptimizer {
   bool should_synchronize_ = true;
   int64_t powersgd_iter_ = 0;
   double compression_rate_ = 1.0;
+  // The adaptive policy: the decision, when the next probe starts, the interval after it, the
+  // step times of the probe under way ([true]: compressed steps', [false]: exact ones'), the
+  // end of the last step.
+  bool compressing_ = true;
+  int64_t next_probe_ = 0;
+  int64_t probe_interval_ = 0;
+  std::vector<double> probe_times_[2];
+  double last_step_end_ = -1;
+  std::vector<PowerSGDDecision> decisions_;
   TorchHandle q_group_;  // the step's grouped Q allreduce (keeps the Qs alive)
 };
 

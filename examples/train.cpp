@@ -147,6 +147,9 @@ int main(int argc, char** argv) {
                                                       : hvd::torch::Compression::kNone;
     options.powersgd.matrix_approximation_rank = powersgd_rank;
     options.powersgd.start_powersgd_iter = powersgd_start;
+    // Every step compressed (not adaptive), as examples/train.py: the example shows what the
+    // approximation costs in accuracy, whatever the link.
+    options.powersgd.adaptive = false;
     hvd::torch::DistributedOptimizer optimizer(sgd, model->named_parameters(), options);
     hvd::torch::BroadcastOptimizerState(*sgd, 0);
 

@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <type_traits>
 #include <string>
@@ -199,92 +200,217 @@ TEST(TorchDistributedOptimizer, AdamMatchesOneProcess) {
 
 // ---- Compression -------------------------------------------------------------------------------
 
-// PowerSGD against a one-process reference of the algorithm written here (every rank's
-// gradient on its shard, QR for the orthonormalization), to 1e-5, with and without warm start.
+using Steps = std::vector<std::vector<std::pair<Tensor, Tensor>>>;
+
+// A one-process reference of PowerSGD written here (every rank's gradient on its shard, QR
+// for the orthonormalization, rank 1, SGD at `lr`): the parameters after each step. Step s is
+// compressed when compress_at(s); an exact step sends each matrix's kept errors with the
+// gradients and drops them.
+std::vector<std::vector<Tensor>> ReferencePowerSGD(
+    const Steps& data, bool warm, double lr, const std::function<bool(int64_t)>& compress_at) {
+  Mlp ref = MakeModel();
+  std::map<std::string, Tensor> qs;
+  std::map<std::string, std::vector<Tensor>> errors;
+  std::vector<std::vector<Tensor>> want;
+  for (size_t s = 0; s < data.size(); ++s) {
+    std::vector<std::map<std::string, Tensor>> grads(N());
+    for (int r = 0; r < N(); ++r) {
+      for (auto& p : ref->parameters()) {
+        if (p.grad().defined()) p.mutable_grad().zero_();
+      }
+      auto& [x, y] = data[s][0];
+      Loss(ref, x.slice(0, r * 4, r * 4 + 4), y.slice(0, r * 4, r * 4 + 4)).backward();
+      for (auto& item : ref->named_parameters()) {
+        grads[r][item.key()] = item.value().grad().clone();
+      }
+    }
+    ::torch::NoGradGuard no_grad;
+    for (auto& item : ref->named_parameters()) {
+      const std::string& name = item.key();
+      const Tensor& g0 = grads[0][name];
+      Tensor reduced = ::torch::zeros_like(g0);
+      const int64_t n = g0.dim() >= 2 ? g0.size(0) : 0, m = n ? g0.numel() / n : 0;
+      if (!compress_at(static_cast<int64_t>(s)) || n == 0 || !(n * m > (n + m) * 1 * 2)) {
+        for (int r = 0; r < N(); ++r) {
+          reduced += grads[r][name];
+          if (errors.count(name)) reduced += errors[name][r].reshape(g0.sizes());
+        }
+        errors.erase(name);
+        reduced /= N();
+      } else {
+        std::vector<Tensor> mats;
+        for (int r = 0; r < N(); ++r) {
+          Tensor mat = grads[r][name].reshape({n, m});
+          if (errors.count(name)) mat = mat + errors[name][r];
+          mats.push_back(mat);
+        }
+        Tensor q;
+        if (warm && qs.count(name)) {
+          q = qs[name];
+        } else {
+          auto gen = at::detail::createCPUGenerator(ht::PowerSGDQSeed(0, name, s));
+          q = at::randn({m, 1}, gen, ::torch::TensorOptions().dtype(::torch::kFloat))
+                  .to(::torch::kDouble);
+        }
+        q = std::get<0>(at::linalg_qr(q));
+        Tensor psum = ::torch::zeros({n, 1}, ::torch::kDouble);
+        for (auto& mat : mats) psum += ::torch::mm(mat, q);
+        Tensor p = std::get<0>(at::linalg_qr(psum));
+        Tensor qsum = ::torch::zeros({m, 1}, ::torch::kDouble);
+        for (auto& mat : mats) qsum += ::torch::mm(mat.t(), p);
+        q = qsum / N();
+        Tensor approx = ::torch::mm(p, q.t());
+        errors[name].clear();
+        for (auto& mat : mats) errors[name].push_back(mat - approx);
+        qs[name] = q;
+        reduced = approx.reshape(g0.sizes());
+      }
+      item.value().sub_(lr * reduced);
+    }
+    want.push_back(Flat(ref));
+  }
+  return want;
+}
+
+// Trains `model` through `opt` on `data` (this rank's shard) and checks its parameters after
+// every step against `want`, to 1e-5.
+void ExpectPowerSGDSteps(const Steps& data, ht::DistributedOptimizer& opt, Mlp& model,
+                         const std::vector<std::vector<Tensor>>& want, const std::string& what) {
+  for (size_t s = 0; s < data.size(); ++s) {
+    opt.ZeroGrad();
+    auto& [x, y] = data[s][0];
+    Loss(model, x.slice(0, R() * 4, R() * 4 + 4), y.slice(0, R() * 4, R() * 4 + 4)).backward();
+    opt.Step();
+    std::vector<Tensor> got = Flat(model);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(got[i].allclose(want[s][i], 1e-5, 1e-5))
+          << what << " step " << s << " param " << i;
+    }
+  }
+}
+
+// PowerSGD against the one-process reference, to 1e-5, with and without warm start.
 TEST(TorchDistributedOptimizer, PowerSGDMatchesAOneProcessReference) {
   for (bool warm : {true, false}) {
     auto data = Batches(5, 1);
     const int64_t start = 1;
     const double lr = 0.1;
-    Mlp ref = MakeModel();
-    std::map<std::string, Tensor> qs;
-    std::map<std::string, std::vector<Tensor>> errors;
-    std::vector<std::vector<Tensor>> want;
-    for (size_t s = 0; s < data.size(); ++s) {
-      std::vector<std::map<std::string, Tensor>> grads(N());
-      for (int r = 0; r < N(); ++r) {
-        for (auto& p : ref->parameters()) {
-          if (p.grad().defined()) p.mutable_grad().zero_();
-        }
-        auto& [x, y] = data[s][0];
-        Loss(ref, x.slice(0, r * 4, r * 4 + 4), y.slice(0, r * 4, r * 4 + 4)).backward();
-        for (auto& item : ref->named_parameters()) {
-          grads[r][item.key()] = item.value().grad().clone();
-        }
-      }
-      ::torch::NoGradGuard no_grad;
-      for (auto& item : ref->named_parameters()) {
-        const std::string& name = item.key();
-        const Tensor& g0 = grads[0][name];
-        Tensor reduced = ::torch::zeros_like(g0);
-        const int64_t n = g0.dim() >= 2 ? g0.size(0) : 0, m = n ? g0.numel() / n : 0;
-        if (static_cast<int64_t>(s) < start || n == 0 || !(n * m > (n + m) * 1 * 2)) {
-          for (int r = 0; r < N(); ++r) reduced += grads[r][name];
-          reduced /= N();
-        } else {
-          std::vector<Tensor> mats;
-          for (int r = 0; r < N(); ++r) {
-            Tensor mat = grads[r][name].reshape({n, m});
-            if (errors.count(name)) mat = mat + errors[name][r];
-            mats.push_back(mat);
-          }
-          Tensor q;
-          if (warm && qs.count(name)) {
-            q = qs[name];
-          } else {
-            auto gen = at::detail::createCPUGenerator(ht::PowerSGDQSeed(0, name, s));
-            q = at::randn({m, 1}, gen, ::torch::TensorOptions().dtype(::torch::kFloat))
-                    .to(::torch::kDouble);
-          }
-          q = std::get<0>(at::linalg_qr(q));
-          Tensor psum = ::torch::zeros({n, 1}, ::torch::kDouble);
-          for (auto& mat : mats) psum += ::torch::mm(mat, q);
-          Tensor p = std::get<0>(at::linalg_qr(psum));
-          Tensor qsum = ::torch::zeros({m, 1}, ::torch::kDouble);
-          for (auto& mat : mats) qsum += ::torch::mm(mat.t(), p);
-          q = qsum / N();
-          Tensor approx = ::torch::mm(p, q.t());
-          errors[name].clear();
-          for (auto& mat : mats) errors[name].push_back(mat - approx);
-          qs[name] = q;
-          reduced = approx.reshape(g0.sizes());
-        }
-        item.value().sub_(lr * reduced);
-      }
-      want.push_back(Flat(ref));
-    }
+    auto want = ReferencePowerSGD(data, warm, lr, [&](int64_t s) { return s >= start; });
     Mlp model = MakeModel();
     ht::DistributedOptimizerOptions options;
     options.compression = ht::Compression::kPowerSGD;
     options.powersgd.start_powersgd_iter = start;
     options.powersgd.warm_start = warm;
+    options.powersgd.adaptive = false;  // every step from `start` compressed, as PyTorch
     ht::DistributedOptimizer opt(
         std::make_shared<::torch::optim::SGD>(model->parameters(), ::torch::optim::SGDOptions(lr)),
         model->named_parameters(), options);
-    for (size_t s = 0; s < data.size(); ++s) {
-      opt.ZeroGrad();
-      auto& [x, y] = data[s][0];
-      Loss(model, x.slice(0, R() * 4, R() * 4 + 4), y.slice(0, R() * 4, R() * 4 + 4)).backward();
-      opt.Step();
-      std::vector<Tensor> got = Flat(model);
-      for (size_t i = 0; i < got.size(); ++i) {
-        ASSERT_TRUE(got[i].allclose(want[s][i], 1e-5, 1e-5))
-            << "warm " << warm << " step " << s << " param " << i;
-      }
-    }
+    ExpectPowerSGDSteps(data, opt, model, want, "warm " + std::to_string(warm));
     EXPECT_EQ(opt.powersgd_iter(), 5);
     // a.weight 7x5 and b.weight 3x7 as (7+5) and (3+7) numbers, the biases (7, 3) whole.
     EXPECT_NEAR(opt.compression_rate(), (35.0 + 21 + 7 + 3) / (12 + 10 + 7 + 3), 1e-12);
+    EXPECT_TRUE(opt.powersgd_decisions().empty());
+  }
+}
+
+// PowerSGD from step 0 with short probes (blocks of 2 steps, 2 of each kind, the next probe 5
+// steps after a decision) on a fake clock: step s costs cost(s) seconds.
+ht::DistributedOptimizerOptions ShortProbes(std::function<double(int64_t)> cost) {
+  ht::DistributedOptimizerOptions options;
+  options.compression = ht::Compression::kPowerSGD;
+  options.powersgd.start_powersgd_iter = 0;
+  options.powersgd.probe_block = 2;
+  options.powersgd.probe_blocks = 2;
+  options.powersgd.probe_interval = 5;
+  auto now = std::make_shared<double>(0);
+  auto step = std::make_shared<int64_t>(0);
+  options.powersgd.clock = [=] {  // called once per step, when it ends
+    *now += cost((*step)++);
+    return *now;
+  };
+  return options;
+}
+
+// The adaptive policy (the same as horovod_cpp.torch's) on a fake clock: a probe over steps
+// 0-7 (blocks of 2: exact, compressed, exact, compressed), then its decision until the next
+// probe, 5 steps later (10 when the decision stayed: compressing is where the job starts),
+// and the second probe.
+// Compressed steps cost 1 s and exact ones 2 s, or the reverse. The parameters after each
+// step against the one-process reference with the same steps compressed, where an exact step
+// after compressed ones sends each rank's error with its gradient.
+TEST(TorchDistributedOptimizer, AdaptivePowerSGDFollowsItsProbeAndKeepsEveryError) {
+  for (bool pays : {true, false}) {
+    const int64_t interval = pays ? 10 : 5, length = 8;
+    auto compress_at = [&](int64_t s) {
+      if (s < length) return (s / 2) % 2 == 1;
+      if (s >= length + interval) return ((s - length - interval) / 2) % 2 == 1;
+      return pays;
+    };
+    auto data = Batches(2 * length + interval, 1);  // through the second probe
+    const double lr = 0.1;
+    auto want = ReferencePowerSGD(data, true, lr, compress_at);
+    Mlp model = MakeModel();
+    auto options = ShortProbes([&](int64_t s) { return compress_at(s) == pays ? 1.0 : 2.0; });
+    ht::DistributedOptimizer opt(
+        std::make_shared<::torch::optim::SGD>(model->parameters(), ::torch::optim::SGDOptions(lr)),
+        model->named_parameters(), options);
+    ExpectPowerSGDSteps(data, opt, model, want, pays ? "pays" : "does not pay");
+    ASSERT_EQ(opt.powersgd_decisions().size(), 2u);
+    const ht::PowerSGDDecision& first = opt.powersgd_decisions()[0];
+    EXPECT_EQ(first.step, length);
+    EXPECT_DOUBLE_EQ(first.compressed_ms, pays ? 1000.0 : 2000.0);
+    EXPECT_DOUBLE_EQ(first.exact_ms, pays ? 2000.0 : 1000.0);
+    EXPECT_EQ(first.compress, pays);
+    EXPECT_EQ(opt.powersgd_decisions()[1].step, 2 * length + interval);
+    EXPECT_EQ(opt.powersgd_compressing(), pays);
+  }
+}
+
+// Rank 0 finds compressed steps faster, every other rank slower: the job goes by its slowest
+// rank's times (compressed 3 s against exact 2 s), and every rank decides alike.
+TEST(TorchDistributedOptimizer, AdaptivePowerSGDRanksTakeOneDecisionFromTheSlowest) {
+  auto data = Batches(9, 1);
+  Mlp model = MakeModel();
+  auto options = ShortProbes([](int64_t s) {
+    const bool compressed = (s / 2) % 2 == 1;
+    return compressed ? (R() == 0 ? 1.0 : 3.0) : 2.0;
+  });
+  ht::DistributedOptimizer opt(
+      std::make_shared<::torch::optim::SGD>(model->parameters(), ::torch::optim::SGDOptions(0.1)),
+      model->named_parameters(), options);
+  for (auto& batch : data) {
+    opt.ZeroGrad();
+    auto& [x, y] = batch[0];
+    Loss(model, x.slice(0, R() * 4, R() * 4 + 4), y.slice(0, R() * 4, R() * 4 + 4)).backward();
+    opt.Step();
+  }
+  ASSERT_EQ(opt.powersgd_decisions().size(), 1u);
+  EXPECT_EQ(opt.powersgd_decisions()[0].step, 8);
+  EXPECT_DOUBLE_EQ(opt.powersgd_decisions()[0].compressed_ms, 3000.0);
+  EXPECT_DOUBLE_EQ(opt.powersgd_decisions()[0].exact_ms, 2000.0);
+  EXPECT_FALSE(opt.powersgd_compressing());
+}
+
+TEST(TorchDistributedOptimizer, PowerSGDRefusesBadProbeOptions) {
+  Mlp model = MakeModel();
+  for (auto bad : std::vector<std::function<void(ht::PowerSGDOptions&)>>{
+           [](ht::PowerSGDOptions& o) { o.probe_block = 0; },
+           [](ht::PowerSGDOptions& o) { o.probe_blocks = 0; },
+           [](ht::PowerSGDOptions& o) { o.probe_interval = -1; },
+           [](ht::PowerSGDOptions& o) { o.probe_interval_max = o.probe_interval - 1; }}) {
+    ht::DistributedOptimizerOptions options;
+    options.compression = ht::Compression::kPowerSGD;
+    bad(options.powersgd);
+    try {
+      ht::DistributedOptimizer opt(std::make_shared<::torch::optim::SGD>(
+                                       model->parameters(), ::torch::optim::SGDOptions(0.1)),
+                                   model->named_parameters(), options);
+      FAIL() << "accepted";
+    } catch (const hvd::torch::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("probe_block and probe_blocks must be >= 1"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 
