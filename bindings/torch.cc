@@ -619,7 +619,9 @@ void DistributedOptimizer::StartQReductions() {
   if (q_group_.valid()) q_group_.Synchronize();  // every Q of the step, reduced in place
   ::torch::NoGradGuard no_grad;
   ::torch::Tensor approx = LowRankProduct(p.pt, p.qt);
-  if (options_.powersgd.use_error_feedback) p.error = p.matrix - approx;  // M - P Q^T
+  // The error M - P Q^T, computed in M's own memory (this step's gradient tensor, see
+  // Submit's callers), which the error then keeps: no new tensor a step, a pass fewer.
+  if (options_.powersgd.use_error_feedback) p.error = p.matrix.sub_(approx);
   if (!options_.powersgd.warm_start) p.qt = ::torch::Tensor();
   p.low_rank_stage = 0;
   p.matrix = ::torch::Tensor();
