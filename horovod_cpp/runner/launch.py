@@ -32,7 +32,7 @@ def _parser():
         epilog="Without -H/--hostfile the ranks run on this machine (more ranks than cores "
                "oversubscribe automatically). Where a host runs several ranks and "
                "OMP_NUM_THREADS is not set, each rank gets OMP_NUM_THREADS = this machine's "
-               "CPUs / its ranks (1 when ranks run on other hosts), as torchrun does, and "
+               "CPUs / its ranks (1 when ranks run on other hosts; torchrun sets 1), and "
                "hvdrun says so. Options after the command belong to the command.")
     p.add_argument("-np", "--num-proc", dest="np", type=int, metavar="N",
                    help="number of ranks (required to run a command)")
