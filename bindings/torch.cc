@@ -511,7 +511,7 @@ std::pair<bool, bool> DistributedOptimizer::PowerSGDMode() const {
   if (powersgd_iter_ < o.start_powersgd_iter) return {false, false};
   if (!o.adaptive) return {true, false};
   const int64_t k = powersgd_iter_ - next_probe_;
-  if (k >= 0 && k < 2 * int64_t{o.probe_blocks} * o.probe_block) {
+  if (k >= 0 && k < ProbeLength()) {
     return {(k / o.probe_block) % 2 == 1, k % o.probe_block > 0};  // exact blocks first
   }
   return {compressing_, false};
@@ -526,9 +526,8 @@ void DistributedOptimizer::PowerSGDStepDone() {
                     .count();
   if (timed && last_step_end_ >= 0) probe_times_[compressed].push_back(now - last_step_end_);
   last_step_end_ = now;
-  const int64_t length = 2 * int64_t{o.probe_blocks} * o.probe_block;
   if (o.adaptive && powersgd_iter_ >= o.start_powersgd_iter &&
-      powersgd_iter_ - next_probe_ == length - 1) {
+      powersgd_iter_ - next_probe_ == ProbeLength() - 1) {
     // The median of each kind on each rank, the slowest rank's (a maximum: the same bits on
     // every rank whatever the reduction order), one decision everywhere.
     auto median = [](std::vector<double> t) {
@@ -634,8 +633,9 @@ void DistributedOptimizer::Submit(Param& p, ::torch::Tensor gradient) {
     return;
   }
   if (p.error.defined()) {
-    // An exact step after compressed ones (the adaptive policy): the error error feedback
-    // kept goes with the gradient, and is dropped. (`gradient` is this step's own tensor.)
+    // An exact step after compressed ones (the adaptive policy): the error that error
+    // feedback kept goes with the gradient, and is dropped. (`gradient` is this step's own
+    // tensor.)
     ::torch::NoGradGuard no_grad;
     if (p.error.numel() == gradient.numel()) gradient.add_(p.error.view(gradient.sizes()));
     p.error = ::torch::Tensor();

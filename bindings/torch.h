@@ -251,6 +251,10 @@ class DistributedOptimizer {
   std::pair<bool, bool> PowerSGDMode() const;
   // Once per step, after the reductions: times the step, ends a probe.
   void PowerSGDStepDone();
+  // Steps in one probe: probe_blocks exact and as many compressed blocks.
+  int64_t ProbeLength() const {
+    return 2 * int64_t{options_.powersgd.probe_blocks} * options_.powersgd.probe_block;
+  }
   void StartLowRank(Param& p, ::torch::Tensor gradient);
   // Every P reduced, orthonormalized, and its Q computed; then all the Qs' allreduces start
   // as one grouped allreduce (one negotiation, one fused collective).
