@@ -15,6 +15,7 @@
 #include <memory>
 #include <sstream>
 #include <type_traits>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -272,15 +273,21 @@ std::vector<std::vector<Tensor>> ReferencePowerSGD(
   return want;
 }
 
+// One step of `opt` on this rank's 4 samples of `batch`.
+void StepOnShard(ht::DistributedOptimizer& opt, Mlp& model,
+                 const std::pair<Tensor, Tensor>& batch) {
+  opt.ZeroGrad();
+  const auto& [x, y] = batch;
+  Loss(model, x.slice(0, R() * 4, R() * 4 + 4), y.slice(0, R() * 4, R() * 4 + 4)).backward();
+  opt.Step();
+}
+
 // Trains `model` through `opt` on `data` (this rank's shard) and checks its parameters after
 // every step against `want`, to 1e-5.
 void ExpectPowerSGDSteps(const Steps& data, ht::DistributedOptimizer& opt, Mlp& model,
                          const std::vector<std::vector<Tensor>>& want, const std::string& what) {
   for (size_t s = 0; s < data.size(); ++s) {
-    opt.ZeroGrad();
-    auto& [x, y] = data[s][0];
-    Loss(model, x.slice(0, R() * 4, R() * 4 + 4), y.slice(0, R() * 4, R() * 4 + 4)).backward();
-    opt.Step();
+    StepOnShard(opt, model, data[s][0]);
     std::vector<Tensor> got = Flat(model);
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_TRUE(got[i].allclose(want[s][i], 1e-5, 1e-5))
@@ -378,12 +385,7 @@ TEST(TorchDistributedOptimizer, AdaptivePowerSGDRanksTakeOneDecisionFromTheSlowe
   ht::DistributedOptimizer opt(
       std::make_shared<::torch::optim::SGD>(model->parameters(), ::torch::optim::SGDOptions(0.1)),
       model->named_parameters(), options);
-  for (auto& batch : data) {
-    opt.ZeroGrad();
-    auto& [x, y] = batch[0];
-    Loss(model, x.slice(0, R() * 4, R() * 4 + 4), y.slice(0, R() * 4, R() * 4 + 4)).backward();
-    opt.Step();
-  }
+  for (auto& batch : data) StepOnShard(opt, model, batch[0]);
   ASSERT_EQ(opt.powersgd_decisions().size(), 1u);
   EXPECT_EQ(opt.powersgd_decisions()[0].step, 8);
   EXPECT_DOUBLE_EQ(opt.powersgd_decisions()[0].compressed_ms, 3000.0);
@@ -426,14 +428,9 @@ TEST(TorchDistributedOptimizer, HalfPrecisionCompressionStaysCloseToFp32) {
         std::make_shared<::torch::optim::SGD>(half->parameters(), ::torch::optim::SGDOptions(0.1)),
         half->named_parameters(), options);
     for (auto& step : Batches(3, 1)) {
-      auto& [x, y] = step[0];
       // One after the other: both name their reductions after the same parameters.
-      a.ZeroGrad();
-      Loss(exact, x.slice(0, R() * 4, R() * 4 + 4), y.slice(0, R() * 4, R() * 4 + 4)).backward();
-      a.Step();
-      b.ZeroGrad();
-      Loss(half, x.slice(0, R() * 4, R() * 4 + 4), y.slice(0, R() * 4, R() * 4 + 4)).backward();
-      b.Step();
+      StepOnShard(a, exact, step[0]);
+      StepOnShard(b, half, step[0]);
     }
     bool differs = false;
     for (size_t i = 0; i < exact->parameters().size(); ++i) {
