@@ -389,6 +389,12 @@ void OrthogonalizeRows(::torch::Tensor& rows, double epsilon) {
   return out;
 }
 
+// Whether PowerSGD takes the core's fused passes (hvd::LowRankStart/Finish) for this gradient:
+// float32 on the CPU at rank <= 4, as the Python optimizer (horovod_cpp/torch/powersgd.py).
+bool FusedLowRank(const ::torch::Tensor& gradient, int64_t r) {
+  return gradient.scalar_type() == ::torch::kFloat && gradient.device().is_cpu() && r <= 4;
+}
+
 // (n, m, r) of a gradient's matrix view; n = 0 for fewer than 2 dimensions.
 std::tuple<int64_t, int64_t, int64_t> MatrixRank(const ::torch::Tensor& t, int rank) {
   if (t.dim() < 2) return {0, 0, 0};
@@ -568,9 +574,12 @@ void DistributedOptimizer::StartLowRank(Param& p, ::torch::Tensor gradient) {
   ::torch::NoGradGuard no_grad;
   auto [n, m, r] = MatrixRank(gradient, o.matrix_approximation_rank);
   p.matrix = gradient.contiguous().view({n, m});
+  ::torch::Tensor error;
   if (o.use_error_feedback && p.error.defined() && p.error.sizes() == p.matrix.sizes()) {
-    p.matrix.add_(p.error);
+    error = p.error;
   }
+  const bool fused = FusedLowRank(gradient, r);
+  if (error.defined() && !fused) p.matrix.add_(error);
   if (!o.warm_start || !p.qt.defined() || p.qt.size(1) != m || p.qt.size(0) != r) {
     auto gen = at::detail::createCPUGenerator(
         PowerSGDQSeed(o.random_seed, p.key, powersgd_iter_));
@@ -579,8 +588,20 @@ void DistributedOptimizer::StartLowRank(Param& p, ::torch::Tensor gradient) {
                .t()
                .contiguous();
   }
-  OrthogonalizeRows(p.qt, o.orthogonalization_epsilon);
-  p.pt = ::torch::mm(p.qt, p.matrix.t());  // (M Q)^T
+  if (fused) {
+    LowRankOrthogonalize(p.qt.data_ptr<float>(), r, m, o.orthogonalization_epsilon);
+  } else {
+    OrthogonalizeRows(p.qt, o.orthogonalization_epsilon);
+  }
+  if (fused) {
+    // M += E and P^T = Q^T M^T in one pass over M (hvd::LowRankStart)
+    if (error.defined()) error = error.to(::torch::kFloat).contiguous();
+    p.pt = ::torch::empty({r, n}, ::torch::TensorOptions().dtype(::torch::kFloat));
+    LowRankStart(p.matrix.data_ptr<float>(), error.defined() ? error.data_ptr<float>() : nullptr,
+                 p.qt.data_ptr<float>(), r, n, m, p.pt.data_ptr<float>(), at::get_num_threads());
+  } else {
+    p.pt = ::torch::mm(p.qt, p.matrix.t());  // (M Q)^T
+  }
   ReduceOptions sum;
   sum.op = ReduceOp::kSum;
   sum.process_set_id = options_.process_set_id;
@@ -596,7 +617,12 @@ void DistributedOptimizer::StartQReductions() {
   for (auto& p : params_) {
     if (p->low_rank_stage != 1) continue;
     p->pt = p->handle.Synchronize();
-    OrthogonalizeRows(p->pt, options_.powersgd.orthogonalization_epsilon);
+    if (FusedLowRank(p->matrix, p->pt.size(0))) {
+      LowRankOrthogonalize(p->pt.data_ptr<float>(), p->pt.size(0), p->pt.size(1),
+                           options_.powersgd.orthogonalization_epsilon);
+    } else {
+      OrthogonalizeRows(p->pt, options_.powersgd.orthogonalization_epsilon);
+    }
     p->qt = ::torch::mm(p->pt, p->matrix);  // (M^T P)^T
     p->low_rank_stage = 2;
     if (first.empty()) first = p->key;
@@ -617,10 +643,30 @@ void DistributedOptimizer::StartQReductions() {
   if (p.low_rank_stage == 1) StartQReductions();
   if (q_group_.valid()) q_group_.Synchronize();  // every Q of the step, reduced in place
   ::torch::NoGradGuard no_grad;
-  ::torch::Tensor approx = LowRankProduct(p.pt, p.qt);
-  // The error M - P Q^T, computed in M's own memory (this step's gradient tensor, see
-  // Submit's callers), which the error then keeps: no new tensor a step, a pass fewer.
-  if (options_.powersgd.use_error_feedback) p.error = p.matrix.sub_(approx);
+  const bool keep_error = options_.powersgd.use_error_feedback;
+  ::torch::Tensor approx;
+  if (FusedLowRank(p.matrix, p.pt.size(0))) {
+    // P Q^T and M - P Q^T in one pass (hvd::LowRankFinish): the gradient into the previous
+    // error's buffer (read by StartLowRank, free since), the new error in M's own memory.
+    const int64_t r = p.pt.size(0), n = p.matrix.size(0), m = p.matrix.size(1);
+    approx = p.matrix;
+    if (keep_error) {
+      approx = p.error;
+      if (!approx.defined() || approx.scalar_type() != ::torch::kFloat ||
+          !approx.is_contiguous() || approx.numel() != n * m ||
+          approx.data_ptr() == p.matrix.data_ptr()) {
+        approx = ::torch::empty({n, m}, ::torch::TensorOptions().dtype(::torch::kFloat));
+      }
+    }
+    LowRankFinish(p.matrix.data_ptr<float>(), p.pt.data_ptr<float>(), p.qt.data_ptr<float>(), r,
+                  n, m, approx.data_ptr<float>(), at::get_num_threads());
+    if (keep_error) p.error = p.matrix;
+  } else {
+    approx = LowRankProduct(p.pt, p.qt);
+    // The error M - P Q^T, computed in M's own memory (this step's gradient tensor, see
+    // Submit's callers), which the error then keeps: no new tensor a step, a pass fewer.
+    if (keep_error) p.error = p.matrix.sub_(approx);
+  }
   if (!options_.powersgd.warm_start) p.qt = ::torch::Tensor();
   p.low_rank_stage = 0;
   p.matrix = ::torch::Tensor();

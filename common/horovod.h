@@ -307,6 +307,22 @@ Status StartTimeline(const std::string& path, bool mark_cycles = false);
 // Finishes the file (valid JSON). A no-op when not recording.
 Status StopTimeline();
 
+// ---- PowerSGD's fused passes (valid before Init) -------------------------------------------
+
+// For the optimizers' PowerSGD (docs/compression.md), on a float32 n x m row-major matrix M with
+// P and Q held transposed (pt: r x n, qt: r x m, contiguous); the same bits on every x86-64 CPU
+// and for any `threads` (rows split among that many threads when the matrix is large):
+// LowRankOrthogonalize: Gram-Schmidt on the r rows (n long) of `rows` (P^T or Q^T), in place;
+// a zero row stays zero.
+void LowRankOrthogonalize(float* rows, int64_t r, int64_t n, double epsilon = 0.0);
+// LowRankStart: M += E (error may be null), then pt = Q^T M^T, in one pass over M.
+void LowRankStart(float* matrix, const float* error, const float* qt, int64_t r, int64_t n,
+                  int64_t m, float* pt, int threads = 1);
+// LowRankFinish: out = P Q^T and M -= out (M keeps the error), in one pass; with out == matrix,
+// M = P Q^T.
+void LowRankFinish(float* matrix, const float* pt, const float* qt, int64_t r, int64_t n,
+                   int64_t m, float* out, int threads = 1);
+
 // ---- build information (valid before Init) -------------------------------------------------
 
 // NCCL's version code (e.g. 22809) when this build has the NCCL backend, otherwise 0.

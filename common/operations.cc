@@ -12,6 +12,7 @@
 #include "common/runtime.h"
 #include "ops/device.h"
 #include "ops/factory.h"
+#include "ops/low_rank.h"
 #include "ops/nccl_info.h"
 
 namespace hvd {
@@ -182,6 +183,20 @@ bool GlooBuilt() { return ops::GlooBuilt(); }
 Result<std::string> HostBackendName() {
   HVD_RETURN_IF_ERROR(CheckStarted());
   return std::string(R().loop.backend_name());
+}
+
+void LowRankOrthogonalize(float* rows, int64_t r, int64_t n, double epsilon) {
+  ops::LowRankOrthogonalize(rows, r, n, epsilon);
+}
+
+void LowRankStart(float* matrix, const float* error, const float* qt, int64_t r, int64_t n,
+                  int64_t m, float* pt, int threads) {
+  ops::LowRankStart(matrix, error, qt, r, n, m, pt, threads);
+}
+
+void LowRankFinish(float* matrix, const float* pt, const float* qt, int64_t r, int64_t n,
+                   int64_t m, float* out, int threads) {
+  ops::LowRankFinish(matrix, pt, qt, r, n, m, out, threads);
 }
 
 Status StreamWaitEvent(const Output& output, void* stream) {

@@ -306,6 +306,26 @@ PYBIND11_MODULE(_core, m) {
     Check(s);
   });
 
+  // ---- PowerSGD's fused passes (horovod_cpp/torch/powersgd.py): raw float32 buffers ----
+  m.def("low_rank_orthogonalize", [](uintptr_t rows, int64_t r, int64_t n, double epsilon) {
+    py::gil_scoped_release release;
+    hvd::LowRankOrthogonalize(reinterpret_cast<float*>(rows), r, n, epsilon);
+  });
+  m.def("low_rank_start", [](uintptr_t matrix, uintptr_t error, uintptr_t qt, int64_t r,
+                             int64_t n, int64_t m, uintptr_t pt, int threads) {
+    py::gil_scoped_release release;
+    hvd::LowRankStart(reinterpret_cast<float*>(matrix), reinterpret_cast<const float*>(error),
+                      reinterpret_cast<const float*>(qt), r, n, m, reinterpret_cast<float*>(pt),
+                      threads);
+  });
+  m.def("low_rank_finish", [](uintptr_t matrix, uintptr_t pt, uintptr_t qt, int64_t r,
+                              int64_t n, int64_t m, uintptr_t out, int threads) {
+    py::gil_scoped_release release;
+    hvd::LowRankFinish(reinterpret_cast<float*>(matrix), reinterpret_cast<const float*>(pt),
+                       reinterpret_cast<const float*>(qt), r, n, m, reinterpret_cast<float*>(out),
+                       threads);
+  });
+
   // ---- operations: each returns a handle ----
   m.def("allreduce_async", [](const PyTensor& in, const PyTensor& out, const std::string& name,
                               int op, double pre, double post, int ps) {

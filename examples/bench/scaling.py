@@ -5,7 +5,7 @@ every rank has a core of its own on a 2-core machine and the difference is the n
     hvdrun -np N [-H ...] .venv/bin/python examples/bench/scaling.py [--steps 30] [--model cnn]
         [--compression C[,C...]] [--powersgd-rank R[,R...]] [--rounds K]
 
-C is none, fp16, bf16, powersgd, powersgd-always or lockstep. Several configurations run in one
+C is none, fp16, bf16, powersgd, powersgd-always, powersgd-unfused or lockstep. Several configurations run in one
 job, interleaved: each gets its own copy of the model and its optimizer, warms up once, then
 every round times --steps steps of each in turn (the machine's speed drifts by tens of percent
 over minutes here; configurations measured one after the other would compare the drift).
@@ -23,7 +23,8 @@ PowerSGD starts after the warm-up steps. "powersgd" is the default, adaptive Pow
 probe (exact and compressed steps, timed) is part of the warm-up, the timed steps follow its
 decision (printed: powersgd_decision=compress|exact, and the probe's median step times; a later
 probe would come after 250 steps); "powersgd-always" compresses every step (adaptive=False,
-PyTorch's behaviour).
+PyTorch's behaviour); "powersgd-unfused" too, through torch's operations instead of the core's
+fused passes (what a PowerSGD step cost before those, for comparison).
 
 "lockstep" is a baseline, not a compressor: the ranks exchange no gradients (each steps its own
 model) and allreduce one number per step, so they compute in lock step. Its samples/s is the
@@ -43,7 +44,7 @@ MODELS = {  # name: (constructor, input shape without batch, per-rank batch)
     "cnn": (small_cnn, (1, 28, 28), 64),
     "mlp": (lambda: mlp(4, 1024), (1024,), 32),  # ~4.2 M parameters, 16 MiB of gradients
 }
-KINDS = ("none", "fp16", "bf16", "powersgd", "powersgd-always", "lockstep")
+KINDS = ("none", "fp16", "bf16", "powersgd", "powersgd-always", "powersgd-unfused", "lockstep")
 
 
 def eth0_tx_bytes():
@@ -70,6 +71,9 @@ class Config(object):
             self.comp = hvd.Compression.powersgd(matrix_approximation_rank=powersgd_rank,
                                                  start_powerSGD_iter=warmup,
                                                  adaptive=kind == "powersgd")
+            # powersgd-unfused: every step compressed, through torch's operations instead of
+            # the core's fused passes (what PowerSGD cost before them)
+            self.comp.fused_passes = kind != "powersgd-unfused"
         elif kind != "lockstep":
             self.comp = getattr(hvd.Compression, kind)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)

@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from horovod_cpp.torch.mpi_ops import (Average, Max, Sum, allreduce, allreduce_async_,
+from horovod_cpp.torch.mpi_ops import (Average, Max, Sum, _core, allreduce, allreduce_async_,
                                        grouped_allreduce_async_, synchronize)
 from horovod_cpp.torch.process_sets import global_process_set
 
@@ -152,9 +152,17 @@ class _LowRankReduction(object):
         # (a channels-last gradient is worked on as a contiguous copy, written back at the end)
         self.work = grad if grad.is_contiguous() else grad.contiguous()
         self.m_view = self.work.view(n, m)
+        # float32 on the CPU at rank <= 4 (every matrix the MLP and CNN benches compress): the
+        # core's fused passes (hvd.LowRankStart/Finish, docs/compression.md) instead of torch's.
+        self.fused = (comp.fused_passes and grad.dtype == torch.float32 and
+                      grad.device.type == "cpu" and r <= 4)
+        self.spare = None  # the previous error's buffer, which takes this step's gradient
+        error = None
         if comp.use_error_feedback:
             error = comp.errors.get(name)
-            if error is not None and error.shape == grad.shape:
+            if error is None or error.shape != grad.shape:
+                error = None
+            elif not self.fused:
                 self.m_view.add_(error.view(n, m))
         q = comp.qs.get(name) if comp.warm_start else None
         if q is None or q.shape != (m, r) or q.dtype != grad.dtype:
@@ -163,15 +171,35 @@ class _LowRankReduction(object):
             q = torch.randn(m, r, generator=g, dtype=torch.float32).to(grad.dtype)
             q = q.to(grad.device)
         self.qt = q.t().contiguous()  # (the stored Q^T itself when warm: already contiguous)
-        orthogonalize(self.qt.t(), comp.orthogonalization_epsilon)
-        self.pt = torch.mm(self.qt, self.m_view.t())  # (M Q)^T
+        self._orthogonalize(self.qt)
+        if self.fused:
+            if error is not None and (error.dtype != torch.float32 or not error.is_contiguous()):
+                error = error.to(torch.float32).contiguous()  # (as a state may have kept it)
+            self.pt = torch.empty(r, n, dtype=torch.float32)
+            # M += E and P^T = Q^T M^T in one pass over M
+            _core.low_rank_start(self.m_view.data_ptr(),
+                                 0 if error is None else error.data_ptr(), self.qt.data_ptr(),
+                                 r, n, m, self.pt.data_ptr(), torch.get_num_threads())
+            self.spare = error
+        else:
+            self.pt = torch.mm(self.qt, self.m_view.t())  # (M Q)^T
         self.handle = allreduce_async_(self.pt, name="powersgd.P." + name, op=Sum,
                                        process_set=process_set)
         self.stage = 1
 
+    def _orthogonalize(self, rows):
+        """Gram-Schmidt on the rows of P^T or Q^T (the columns of P or Q), in place: in the
+        core on the fused path (~0.1 ms a call as torch's operations here)."""
+        if self.fused:
+            r, n = rows.shape
+            _core.low_rank_orthogonalize(rows.data_ptr(), r, n,
+                                         float(self.comp.orthogonalization_epsilon))
+        else:
+            orthogonalize(rows.t(), self.comp.orthogonalization_epsilon)
+
     def compute_q(self):
         self.pt = synchronize(self.handle)
-        orthogonalize(self.pt.t(), self.comp.orthogonalization_epsilon)
+        self._orthogonalize(self.pt)
         torch.mm(self.pt, self.m_view, out=self.qt)  # (M^T P)^T
         self.handle = None
         self.stage = 2
@@ -182,15 +210,18 @@ class _LowRankReduction(object):
         q_group, index = self.handle
         self.qt = q_group.output(index)
         comp = self.comp
-        approx = low_rank_product(self.pt, self.qt)  # the gradient: P Q^T
-        if comp.use_error_feedback:
-            # The error is M - P Q^T: computed in M's own memory, which the error then keeps;
-            # the gradient becomes the new tensor (no copy back).
-            comp.errors[self.name] = self.m_view.sub_(approx).view(self.grad.shape)
-            result = approx.view(self.grad.shape)
+        if self.fused:
+            result = self._finish_fused()
         else:
-            self.m_view.copy_(approx)
-            result = self.work
+            approx = low_rank_product(self.pt, self.qt)  # the gradient: P Q^T
+            if comp.use_error_feedback:
+                # The error is M - P Q^T: computed in M's own memory, which the error then
+                # keeps; the gradient becomes the new tensor (no copy back).
+                comp.errors[self.name] = self.m_view.sub_(approx).view(self.grad.shape)
+                result = approx.view(self.grad.shape)
+            else:
+                self.m_view.copy_(approx)
+                result = self.work
         if self.work is not self.grad:  # channels-last: back into the gradient's layout
             self.grad.copy_(result)
             result = self.grad
@@ -198,6 +229,26 @@ class _LowRankReduction(object):
             comp.qs[self.name] = self.qt.t()
         self.stage = 3
         return result
+
+    def _finish_fused(self):
+        """P Q^T into the gradient and M - P Q^T into M (the new error), in one pass. The
+        gradient goes into the previous error's buffer, read in __init__ and free since:
+        two buffers take turns and a step allocates none."""
+        n, m = self.m_view.shape
+        r = self.pt.shape[0]
+        threads = torch.get_num_threads()
+        if not self.comp.use_error_feedback:
+            _core.low_rank_finish(self.m_view.data_ptr(), self.pt.data_ptr(),
+                                  self.qt.data_ptr(), r, n, m, self.m_view.data_ptr(), threads)
+            return self.work
+        out = self.spare
+        if out is None or out.data_ptr() == self.m_view.data_ptr():
+            out = torch.empty(n, m, dtype=torch.float32)
+        _core.low_rank_finish(self.m_view.data_ptr(), self.pt.data_ptr(), self.qt.data_ptr(),
+                              r, n, m, out.data_ptr(), threads)
+        self.spare = None
+        self.comp.errors[self.name] = self.m_view.view(self.grad.shape)
+        return out.view(self.grad.shape)
 
 
 class PowerSGD(object):
@@ -230,6 +281,10 @@ class PowerSGD(object):
     """
 
     stateful = True
+    # float32 CPU matrices at rank <= 4 take the core's fused passes (hvd.LowRankStart and
+    # LowRankFinish); False: torch's operations, as before those (for comparison: the bench's
+    # "powersgd-unfused").
+    fused_passes = True
     PROBE_BLOCK = 3
     PROBE_BLOCKS = 3
     PROBE_INTERVAL = 250

@@ -86,30 +86,31 @@ TEST(TorchCollectives, MatchIndependentReferences) {
 // ---- the optimizer against one process on the full batch --------------------------------------
 
 struct MlpImpl : ::torch::nn::Module {
-  MlpImpl()
+  explicit MlpImpl(::torch::ScalarType dtype = ::torch::kDouble)
       : a(register_module("a", ::torch::nn::Linear(5, 7))),
         b(register_module("b", ::torch::nn::Linear(7, 3))) {
-    to(::torch::kDouble);
+    to(dtype);
   }
   Tensor forward(const Tensor& x) { return b(::torch::tanh(a(x))); }
   ::torch::nn::Linear a, b;
 };
 TORCH_MODULE(Mlp);
 
-Mlp MakeModel() {
+Mlp MakeModel(::torch::ScalarType dtype = ::torch::kDouble) {
   ::torch::manual_seed(17);
-  return Mlp();
+  return Mlp(dtype);
 }
 
 using MakeOptimizer = std::function<std::shared_ptr<::torch::optim::Optimizer>(Mlp&)>;
 
 // steps x passes batches of n * 4 samples, the same on every rank.
-std::vector<std::vector<std::pair<Tensor, Tensor>>> Batches(int steps, int passes) {
+std::vector<std::vector<std::pair<Tensor, Tensor>>> Batches(
+    int steps, int passes, ::torch::ScalarType dtype = ::torch::kDouble) {
   ::torch::manual_seed(29);
   std::vector<std::vector<std::pair<Tensor, Tensor>>> out(steps);
   for (auto& step : out) {
     for (int p = 0; p < passes; ++p) {
-      step.push_back({::torch::randn({N() * 4, 5}, ::torch::kDouble),
+      step.push_back({::torch::randn({N() * 4, 5}, dtype),
                       ::torch::randint(0, 3, {N() * 4}, ::torch::kLong)});
     }
   }
@@ -204,12 +205,13 @@ TEST(TorchDistributedOptimizer, AdamMatchesOneProcess) {
 using Steps = std::vector<std::vector<std::pair<Tensor, Tensor>>>;
 
 // A one-process reference of PowerSGD written here (every rank's gradient on its shard, QR
-// for the orthonormalization, rank 1, SGD at `lr`): the parameters after each step. Step s is
-// compressed when compress_at(s); an exact step sends each matrix's kept errors with the
-// gradients and drops them.
+// for the orthonormalization, rank 1, SGD at `lr`), in the data's dtype: the parameters after
+// each step. Step s is compressed when compress_at(s); an exact step sends each matrix's kept
+// errors with the gradients and drops them.
 std::vector<std::vector<Tensor>> ReferencePowerSGD(
     const Steps& data, bool warm, double lr, const std::function<bool(int64_t)>& compress_at) {
-  Mlp ref = MakeModel();
+  const ::torch::ScalarType dtype = data[0][0].first.scalar_type();
+  Mlp ref = MakeModel(dtype);
   std::map<std::string, Tensor> qs;
   std::map<std::string, std::vector<Tensor>> errors;
   std::vector<std::vector<Tensor>> want;
@@ -250,14 +252,13 @@ std::vector<std::vector<Tensor>> ReferencePowerSGD(
           q = qs[name];
         } else {
           auto gen = at::detail::createCPUGenerator(ht::PowerSGDQSeed(0, name, s));
-          q = at::randn({m, 1}, gen, ::torch::TensorOptions().dtype(::torch::kFloat))
-                  .to(::torch::kDouble);
+          q = at::randn({m, 1}, gen, ::torch::TensorOptions().dtype(::torch::kFloat)).to(dtype);
         }
         q = std::get<0>(at::linalg_qr(q));
-        Tensor psum = ::torch::zeros({n, 1}, ::torch::kDouble);
+        Tensor psum = ::torch::zeros({n, 1}, dtype);
         for (auto& mat : mats) psum += ::torch::mm(mat, q);
         Tensor p = std::get<0>(at::linalg_qr(psum));
-        Tensor qsum = ::torch::zeros({m, 1}, ::torch::kDouble);
+        Tensor qsum = ::torch::zeros({m, 1}, dtype);
         for (auto& mat : mats) qsum += ::torch::mm(mat.t(), p);
         q = qsum / N();
         Tensor approx = ::torch::mm(p, q.t());
@@ -296,14 +297,17 @@ void ExpectPowerSGDSteps(const Steps& data, ht::DistributedOptimizer& opt, Mlp& 
   }
 }
 
-// PowerSGD against the one-process reference, to 1e-5, with and without warm start.
+// PowerSGD against the one-process reference, to 1e-5, with and without warm start; float64
+// through torch's operations, float32 through the core's fused passes (hvd::LowRankStart and
+// LowRankFinish).
 TEST(TorchDistributedOptimizer, PowerSGDMatchesAOneProcessReference) {
-  for (bool warm : {true, false}) {
-    auto data = Batches(5, 1);
+  for (auto [warm, dtype] : {std::pair{true, ::torch::kDouble}, std::pair{false, ::torch::kDouble},
+                             std::pair{true, ::torch::kFloat}, std::pair{false, ::torch::kFloat}}) {
+    auto data = Batches(5, 1, dtype);
     const int64_t start = 1;
     const double lr = 0.1;
     auto want = ReferencePowerSGD(data, warm, lr, [&](int64_t s) { return s >= start; });
-    Mlp model = MakeModel();
+    Mlp model = MakeModel(dtype);
     ht::DistributedOptimizerOptions options;
     options.compression = ht::Compression::kPowerSGD;
     options.powersgd.start_powersgd_iter = start;
@@ -312,7 +316,8 @@ TEST(TorchDistributedOptimizer, PowerSGDMatchesAOneProcessReference) {
     ht::DistributedOptimizer opt(
         std::make_shared<::torch::optim::SGD>(model->parameters(), ::torch::optim::SGDOptions(lr)),
         model->named_parameters(), options);
-    ExpectPowerSGDSteps(data, opt, model, want, "warm " + std::to_string(warm));
+    ExpectPowerSGDSteps(data, opt, model, want,
+                        "warm " + std::to_string(warm) + " " + ::c10::toString(dtype));
     EXPECT_EQ(opt.powersgd_iter(), 5);
     // a.weight 7x5 and b.weight 3x7 as (7+5) and (3+7) numbers, the biases (7, 3) whole.
     EXPECT_NEAR(opt.compression_rate(), (35.0 + 21 + 7 + 3) / (12 + 10 + 7 + 3), 1e-12);
@@ -346,22 +351,24 @@ ht::DistributedOptimizerOptions ShortProbes(std::function<double(int64_t)> cost)
 // step against the one-process reference with the same steps compressed, where an exact step
 // after compressed ones sends each rank's error with its gradient.
 TEST(TorchDistributedOptimizer, AdaptivePowerSGDFollowsItsProbeAndKeepsEveryError) {
-  for (bool pays : {true, false}) {
+  for (auto [pays, dtype] : {std::pair{true, ::torch::kDouble}, std::pair{false, ::torch::kDouble},
+                             std::pair{true, ::torch::kFloat}, std::pair{false, ::torch::kFloat}}) {
     const int64_t interval = pays ? 10 : 5, length = 8;
     auto compress_at = [&](int64_t s) {
       if (s < length) return (s / 2) % 2 == 1;
       if (s >= length + interval) return ((s - length - interval) / 2) % 2 == 1;
       return pays;
     };
-    auto data = Batches(2 * length + interval, 1);  // through the second probe
+    auto data = Batches(2 * length + interval, 1, dtype);  // through the second probe
     const double lr = 0.1;
     auto want = ReferencePowerSGD(data, true, lr, compress_at);
-    Mlp model = MakeModel();
+    Mlp model = MakeModel(dtype);
     auto options = ShortProbes([&](int64_t s) { return compress_at(s) == pays ? 1.0 : 2.0; });
     ht::DistributedOptimizer opt(
         std::make_shared<::torch::optim::SGD>(model->parameters(), ::torch::optim::SGDOptions(lr)),
         model->named_parameters(), options);
-    ExpectPowerSGDSteps(data, opt, model, want, pays ? "pays" : "does not pay");
+    ExpectPowerSGDSteps(data, opt, model, want,
+                        std::string(pays ? "pays " : "does not pay ") + ::c10::toString(dtype));
     ASSERT_EQ(opt.powersgd_decisions().size(), 2u);
     const ht::PowerSGDDecision& first = opt.powersgd_decisions()[0];
     EXPECT_EQ(first.step, length);

@@ -34,13 +34,13 @@ def data(rank, step, n=4):
     return x, y
 
 
-def make_model():
+def make_model(dtype=torch.float64):
     torch.manual_seed(7)
-    return Net().double()
+    return Net().to(dtype)
 
 
 def loss_of(model, x, y):
-    return torch.nn.functional.cross_entropy(model(x), y)
+    return torch.nn.functional.cross_entropy(model(x.to(next(model.parameters()).dtype)), y)
 
 
 def reference(size, steps, rank_r, start, error_feedback, warm_start, seed=0, lr=0.1,
@@ -81,7 +81,7 @@ def reference(size, steps, rank_r, start, error_feedback, warm_start, seed=0, lr
             q = qs.get(name) if warm_start else None
             if q is None:
                 gen = torch.Generator().manual_seed(q_seed(seed, name, step))
-                q = torch.randn(m, r_, generator=gen, dtype=torch.float32).double()
+                q = torch.randn(m, r_, generator=gen, dtype=torch.float32).to(mats[0].dtype)
             q = torch.linalg.qr(q).Q
             p = torch.linalg.qr(sum(mat @ q for mat in mats)).Q
             q = sum(mat.t() @ p for mat in mats) / size
@@ -118,15 +118,21 @@ def distributed(steps, rank_r, start, error_feedback, warm_start, seed=0, lr=0.1
     return model, history, comp, opt
 
 
+# float64 goes through torch's operations, float32 through the core's fused passes
+# (hvd.LowRankStart/Finish); the reference computes in the model's dtype with torch alone.
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("rank_r,start,error_feedback,warm_start", [
     (1, 0, True, True), (2, 2, True, True), (2, 0, False, True), (3, 1, True, False)])
-def test_powersgd_agrees_with_a_one_process_reference(rank_r, start, error_feedback, warm_start):
+def test_powersgd_agrees_with_a_one_process_reference(rank_r, start, error_feedback, warm_start,
+                                                      dtype):
     steps = 5
-    model, history, comp, _ = distributed(steps, rank_r, start, error_feedback, warm_start)
+    model, history, comp, _ = distributed(steps, rank_r, start, error_feedback, warm_start,
+                                          model=make_model(dtype))
     ref_model, ref_history, _, _ = reference(hvd.size(), steps, rank_r, start, error_feedback,
-                                             warm_start)
+                                             warm_start, model=make_model(dtype))
     for step, (got, want) in enumerate(zip(history, ref_history)):
         for name in want:
+            assert got[name].dtype == dtype
             assert torch.allclose(got[name], want[name], atol=1e-5, rtol=1e-5), (step, name)
     for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
         assert torch.allclose(p, q, atol=1e-5, rtol=1e-5), name
@@ -158,11 +164,12 @@ class Tall(torch.nn.Module):
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("rank_r", [2, 4])
-def test_powersgd_of_a_tall_matrix_agrees_with_the_reference(rank_r):
+def test_powersgd_of_a_tall_matrix_agrees_with_the_reference(rank_r, dtype):
     def tall():
         torch.manual_seed(3)
-        return Tall().double()
+        return Tall().to(dtype)
     steps = 3
     model, history, _, _ = distributed(steps, rank_r, 0, True, True, model=tall())
     _, ref_history, _, _ = reference(hvd.size(), steps, rank_r, 0, True, True, model=tall())
