@@ -14,7 +14,7 @@
 #                              builds from PyPI into .venv-horovod: about 2.5 minutes, once)
 #   ./bench.sh --no-hosts      skip the figures across test hosts (scripts/testbed.sh: 2 hosts
 #                              on this machine, links limited to 1 and 10 Gbit/s; needs root)
-#   ./bench.sh --hosts-only    only those (about 25 minutes)
+#   ./bench.sh --hosts-only    only those (about 28 minutes)
 # Nothing here is a test: a missed target is reported, not failed. A wrong result (every
 # benchmark checks its sums and parameters) exits non-zero.
 set -euo pipefail
@@ -252,6 +252,10 @@ PY
         "${HOSTRUN[@]}" -np 4 -H hvd-h1:2,hvd-h2:2 .venv-pypi/bin/python \
           examples/bench/scaling.py "${m[@]}" --compression none,fp16,bf16,powersgd \
           --powersgd-rank 1,4 | sed -n "s/^SCALING/2x2 $rate &/p"
+        # The one-host reference again: the efficiency divides by the mean of both jobs'
+        # rounds (compression_summary.py), so the machine's drift in between counts less.
+        "${HOSTRUN[@]}" -np 1 -H hvd-h1:1 .venv-pypi/bin/python examples/bench/scaling.py \
+          "${m[@]}" | sed -n "s/^SCALING/1x1 $rate &/p"
       done | tee -a "$compression_runs"
       scripts/testbed.sh down > /dev/null
     done

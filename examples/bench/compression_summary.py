@@ -15,7 +15,9 @@ and per compressor:
           bytes on the wire per step with the compression rate against uncompressed;
   FIGURE C2 ... (2x1 only) the 1 -> 2 hosts scaling efficiency, samples/s on 2 hosts / 2 x
           samples/s of one rank on one host (uncompressed; round k of one job against round k
-          of the other); target for PowerSGD at 1 Gbit/s: >= 0.9. Also, as ceiling_ratio, the
+          of the other; where several one-host jobs ran, round k's mean over them: bench.sh
+          runs one before and one after the two-host jobs, as this machine's speed drifts by
+          tens of percent over minutes); target for PowerSGD at 1 Gbit/s: >= 0.9. Also, as ceiling_ratio, the
           same against the lockstep baseline of the same round (what two hosts of this machine
           reach when they exchange no gradients: see scaling.py).
 
@@ -40,7 +42,17 @@ def main():
         layout, rate = parts[0], parts[1]
         kv = dict(p.split("=", 1) for p in parts[3:])
         model = "%s_batch%s" % (kv["model"], kv.get("batch", "?"))
-        runs.setdefault((model, rate, layout, kv["compression"]), {})[int(kv.get("round", 1))] = kv
+        rounds = runs.setdefault((model, rate, layout, kv["compression"]), {})
+        round_ = int(kv.get("round", 1))
+        if layout == "1x1" and round_ in rounds:
+            # Another one-host job (bench.sh runs one before and one after the two-host jobs):
+            # round k's reference is the mean of their round k.
+            before = rounds[round_]
+            jobs = before.get("jobs", 1)
+            kv["samples_per_s"] = str((float(before["samples_per_s"]) * jobs +
+                                       float(kv["samples_per_s"])) / (jobs + 1))
+            kv["jobs"] = jobs + 1
+        rounds[round_] = kv
     table = []
     for (model, rate, layout, comp), rounds in sorted(runs.items()):
         if layout == "1x1" or comp == "lockstep":
