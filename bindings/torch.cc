@@ -590,16 +590,13 @@ void DistributedOptimizer::StartLowRank(Param& p, ::torch::Tensor gradient) {
   }
   if (fused) {
     LowRankOrthogonalize(p.qt.data_ptr<float>(), r, m, o.orthogonalization_epsilon);
-  } else {
-    OrthogonalizeRows(p.qt, o.orthogonalization_epsilon);
-  }
-  if (fused) {
     // M += E and P^T = Q^T M^T in one pass over M (hvd::LowRankStart)
     if (error.defined()) error = error.to(::torch::kFloat).contiguous();
     p.pt = ::torch::empty({r, n}, ::torch::TensorOptions().dtype(::torch::kFloat));
     LowRankStart(p.matrix.data_ptr<float>(), error.defined() ? error.data_ptr<float>() : nullptr,
                  p.qt.data_ptr<float>(), r, n, m, p.pt.data_ptr<float>(), at::get_num_threads());
   } else {
+    OrthogonalizeRows(p.qt, o.orthogonalization_epsilon);
     p.pt = ::torch::mm(p.qt, p.matrix.t());  // (M Q)^T
   }
   ReduceOptions sum;

@@ -236,17 +236,15 @@ class _LowRankReduction(object):
         two buffers take turns and a step allocates none."""
         n, m = self.m_view.shape
         r = self.pt.shape[0]
-        threads = torch.get_num_threads()
-        if not self.comp.use_error_feedback:
-            _core.low_rank_finish(self.m_view.data_ptr(), self.pt.data_ptr(),
-                                  self.qt.data_ptr(), r, n, m, self.m_view.data_ptr(), threads)
-            return self.work
-        out = self.spare
-        if out is None or out.data_ptr() == self.m_view.data_ptr():
+        keep_error = self.comp.use_error_feedback
+        out = self.spare if keep_error else self.m_view  # (into M itself: M = P Q^T, no error)
+        if out is None or keep_error and out.data_ptr() == self.m_view.data_ptr():
             out = torch.empty(n, m, dtype=torch.float32)
         _core.low_rank_finish(self.m_view.data_ptr(), self.pt.data_ptr(), self.qt.data_ptr(),
-                              r, n, m, out.data_ptr(), threads)
+                              r, n, m, out.data_ptr(), torch.get_num_threads())
         self.spare = None
+        if not keep_error:
+            return self.work
         self.comp.errors[self.name] = self.m_view.view(self.grad.shape)
         return out.view(self.grad.shape)
 
