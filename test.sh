@@ -14,16 +14,24 @@ source scripts/mpi_env.sh
 # 1. The Python package, installed into .venv the way users install it, and pyspark for the
 #    HorovodRunner tests (a real local SparkSession). Then the PyPI lane: .venv-pypi, a venv
 #    without Debian's packages, with the newest torch and pyspark from PyPI (pinned in
-#    scripts/pypi-lane.txt; downloaded once, ~3 GB) and horovod_cpp by a plain `pip install .`.
-stage "the virtual environments"
-scripts/setup_venv.sh --spark
-scripts/setup_venv.sh --pypi
-
+#    scripts/pypi-lane.txt; downloaded once per machine, ~3 GB, into a venv shared by every
+#    checkout: scripts/setup_venv.sh) and horovod_cpp by a plain `pip install .`.
 # 2. The default build (NCCL backend on when CUDA and NCCL are found): every test, the Python
 #    ones included, on both lanes (Debian's torch 1.13: python_*; PyPI's: pypi_python_*).
-stage "the default build"
+# The PyPI lane is set up in the background while the default build compiles: unpacking its
+# wheels (~2 minutes on a new machine) keeps one core busy, the compilers the other. (After
+# .venv: the two pip installs of this checkout would share its setuptools build directory.)
+stage "the virtual environments and the default build (the PyPI lane's venv in the background)"
+scripts/setup_venv.sh --spark
+scripts/setup_venv.sh --pypi > setup-venv-pypi.log 2>&1 &
+pypi_lane=$!
+trap 'kill $pypi_lane 2>/dev/null || true' EXIT
 scripts/build.sh build -DHVD_WERROR=ON -DPython3_EXECUTABLE=/usr/bin/python3 \
   -DHVD_TEST_PYTHON="$PWD/.venv/bin/python" -DHVD_TEST_PYTHON_PYPI="$PWD/.venv-pypi/bin/python"
+stage "waiting for the PyPI lane's venv"
+wait $pypi_lane || { cat setup-venv-pypi.log >&2; echo "test.sh: scripts/setup_venv.sh --pypi failed" >&2; exit 1; }
+cat setup-venv-pypi.log >&2
+trap - EXIT
 # 3-5 and 7 compile in the background (and 6 runs there), at the lowest CPU priority, while
 # ctest (2) and the cross-host suite (2b) run: both leave much of the CPU idle (ctest -j 2 kept
 # the 2 cores 52 % busy on average here: most tests run alone, and many of them mostly wait),

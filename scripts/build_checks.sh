@@ -26,6 +26,11 @@ cmake -S . -B build-tsan -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWith
 cmake --build build-tsan -j "$(nproc)" --target unit_tests
 # LibTorch from PyPI's wheel (only the targets that use it; NCCL off: no GPU to run it here).
 torch_cmake=$(.venv-pypi/bin/python -c "import torch.utils; print(torch.utils.cmake_prefix_path)")
+# (A tree configured against another torch, e.g. before the venvs were shared, is made anew:
+# its cache holds that torch's library paths.)
+if [[ -f build-pypi-torch/CMakeCache.txt ]] && ! grep -qF "$torch_cmake" build-pypi-torch/CMakeCache.txt; then
+  rm -rf build-pypi-torch
+fi
 cmake -S . -B build-pypi-torch -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$torch_cmake" \
   -DHVD_WITH_TORCH=ON -DHVD_WITH_NCCL=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_WERROR=ON \
   > build-pypi-torch.configure.log 2>&1 || { cat build-pypi-torch.configure.log; exit 1; }

@@ -3,62 +3,114 @@
 #   setup_venv.sh           .venv: Debian's /usr/bin/python3 with --system-site-packages (Debian's
 #                           torch 1.13, numpy, pytest, mpi4py, cloudpickle), horovod_cpp by
 #                           pip install --no-index --no-build-isolation . (nothing is downloaded)
-#   setup_venv.sh --spark   also pyspark (HorovodRunner) and ray (horovod_cpp.ray) from PyPI,
-#                           unless already there
+#   setup_venv.sh --spark   also pyspark (HorovodRunner) and ray (horovod_cpp.ray) from PyPI
 #   setup_venv.sh --pypi    .venv-pypi: the PyPI lane, a venv WITHOUT system site packages with
 #                           the packages pinned in scripts/pypi-lane.txt (the newest torch, its
-#                           CUDA wheel ~3 GB, pyspark, ...; installed once, reused while the pins
-#                           are unchanged), horovod_cpp by a plain `pip install .` (PEP 517 build
-#                           isolation, as a user installs it)
+#                           CUDA wheel ~3 GB, pyspark, ...), horovod_cpp by a plain `pip install .`
+#                           (PEP 517 build isolation, as a user installs it)
+# The packages from PyPI are installed once per machine and set of pins, into a shared venv
+# under $HVD_VENV_CACHE (default ~/.cache/horovod_cpp: debian-<key>, pypi-<key>, the key a hash
+# of the pins and the Python), not once per checkout: a clean clone (CI's) then sets up in
+# seconds instead of downloading and unpacking ~3.5 GB (~3 minutes here). The checkout's venv is
+# a venv of its own (its python, pip, horovod_cpp and console scripts) whose site-packages has
+# a .pth file that adds the shared venv's site-packages after its own (so horovod_cpp and
+# anything installed into the checkout's venv come first). Old pins' shared venvs stay until
+# removed (rm -rf ~/.cache/horovod_cpp; the next run installs again).
 # CMake rebuilds only what changed (build-python/, one tree per environment).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYSPARK_VERSION=4.0.5   # Debian lane; tested with Java 17; any pyspark >= 3.5 works
 RAY_VERSION=2.60.0      # Debian lane: horovod_cpp.ray's tests (a local cluster and the test bed)
+CACHE=${HVD_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/horovod_cpp}
 pip=(--quiet --disable-pip-version-check)
+
+die() { echo "setup_venv: $*" >&2; exit 1; }
 
 check_import() {  # from outside the checkout, so the installed package is the one imported
   (cd / && "$OLDPWD/$1" -c "import horovod_cpp.torch") ||
-    { echo "setup_venv: horovod_cpp.torch does not import in $1" >&2; exit 1; }
+    die "horovod_cpp.torch does not import in $1"
+}
+
+site_packages() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))'; }
+
+# shared_venv LANE SYSTEM_SITE REQUIREMENTS_FILE WHAT: prints the shared venv of these pins,
+# made first if it is not there (complete: a venv interrupted half-way is made again). Two
+# checkouts setting up at once take turns (flock).
+shared_venv() {
+  local lane=$1 system=$2 reqs=$3 what=$4 key base
+  key=$({ /usr/bin/python3 -VV; echo "$lane $system"; grep -v '^#' "$reqs"; } | sha256sum | cut -c1-12)
+  base=$CACHE/$lane-$key
+  mkdir -p "$CACHE"
+  exec {lock}> "$CACHE/.lock-$lane-$key"
+  flock "$lock"
+  if [[ ! -f $base/.complete ]]; then
+    echo "setup_venv: installing $what from PyPI into $base (once per machine and set of pins)" >&2
+    rm -rf "$base"
+    /usr/bin/python3 -m venv $([[ $system == 1 ]] && echo --system-site-packages) "$base"
+    { "$base/bin/python" -m pip install "${pip[@]}" --upgrade pip &&
+        "$base/bin/python" -m pip install "${pip[@]}" -r "$reqs"; } >&2 ||
+      die "could not install $what from PyPI (network, proxy or certificates?)"
+    cp "$reqs" "$base/.complete"
+  fi
+  exec {lock}>&-
+  echo "$base"
+}
+
+# own_venv DIR SYSTEM_SITE [SHARED]: DIR as a venv of its own (made again if it is not one of
+# this layout, e.g. a full venv from before the shared ones) that sees SHARED's packages.
+own_venv() {
+  local dir=$1 system=$2 shared=${3:-} sp f name
+  if [[ -x $dir/bin/python && ! -f $dir/.hvd-layout ]]; then
+    echo "setup_venv: $dir is a venv of the old layout (every package inside it): made again" >&2
+    rm -rf "$dir"
+  fi
+  if [[ ! -x $dir/bin/python ]]; then
+    /usr/bin/python3 -m venv $([[ $system == 1 ]] && echo --system-site-packages) "$dir"
+    echo "packages from PyPI: the shared venv named in $(site_packages "$dir")/_hvd_shared.pth" \
+      > "$dir/.hvd-layout"
+  fi
+  [[ -n $shared ]] || return 0
+  sp=$(site_packages "$dir")
+  # site.addsitedir, not a bare path: the shared site-packages' own .pth files are read too.
+  echo "import site; site.addsitedir('$(site_packages "$shared")')" > "$sp/_hvd_shared.pth"
+  # The shared venv's console scripts (ray, pytest, ...), run by this venv's python, and its
+  # other programs (pyspark's spark-submit, ...) linked.
+  for f in "$shared"/bin/*; do
+    name=$(basename "$f")
+    [[ -f $f && -x $f && ! -e $dir/bin/$name && $name != activate* ]] || continue
+    if head -1 "$f" | grep -q "^#!$shared/bin/python"; then
+      { echo "#!$PWD/$dir/bin/python"; tail -n +2 "$f"; } > "$dir/bin/$name"
+      chmod +x "$dir/bin/$name"
+    else
+      ln -s "$f" "$dir/bin/$name"
+    fi
+  done
 }
 
 if [[ "${1:-}" == "--pypi" ]]; then
   venv=.venv-pypi
-  [[ -x $venv/bin/python ]] || /usr/bin/python3 -m venv "$venv"
-  if ! cmp -s scripts/pypi-lane.txt "$venv/pypi-lane.txt"; then
-    echo "setup_venv: installing scripts/pypi-lane.txt into $venv from PyPI (torch's CUDA wheel" \
-         "and its NVIDIA libraries: ~3 GB, a few minutes, once)" >&2
-    "$venv/bin/python" -m pip install "${pip[@]}" --upgrade pip
-    "$venv/bin/python" -m pip install "${pip[@]}" -r scripts/pypi-lane.txt || {
-      echo "setup_venv: could not install the PyPI lane's packages (network, proxy or certificates?)" >&2
-      exit 1
-    }
-    cp scripts/pypi-lane.txt "$venv/pypi-lane.txt"
-  fi
+  shared=$(shared_venv pypi 0 scripts/pypi-lane.txt \
+    "scripts/pypi-lane.txt (torch's CUDA wheel and its NVIDIA libraries: ~3 GB, a few minutes)")
+  own_venv "$venv" 0 "$shared"
   "$venv/bin/python" -m pip install "${pip[@]}" .
   check_import "$venv/bin/python"
   exit 0
 fi
 
-if [[ ! -x .venv/bin/python ]]; then
-  /usr/bin/python3 -m venv --system-site-packages .venv
-fi
 py=.venv/bin/python
+if [[ "${1:-}" == "--spark" ]]; then
+  reqs=$(mktemp)
+  trap 'rm -f "$reqs"' EXIT
+  printf 'pyspark==%s\nray==%s\n' "$PYSPARK_VERSION" "$RAY_VERSION" > "$reqs"
+  shared=$(shared_venv debian 1 "$reqs" "pyspark==$PYSPARK_VERSION and ray==$RAY_VERSION (~500 MB)")
+  own_venv .venv 1 "$shared"
+else
+  own_venv .venv 1
+fi
 "$py" -m pip install "${pip[@]}" --no-index --no-build-isolation .
 check_import "$py"
 if [[ "${1:-}" == "--spark" ]]; then
-  if ! "$py" -c "import pyspark, sys; sys.exit(pyspark.__version__ != '$PYSPARK_VERSION')" 2>/dev/null; then
-    echo "setup_venv: installing pyspark==$PYSPARK_VERSION from PyPI (~430 MB)" >&2
-    "$py" -m pip install "${pip[@]}" "pyspark==$PYSPARK_VERSION" || {
-      echo "setup_venv: could not install pyspark from PyPI (network, proxy or certificates?)" >&2
-      exit 1
-    }
-  fi
-  if ! "$py" -c "import ray, sys; sys.exit(ray.__version__ != '$RAY_VERSION')" 2>/dev/null; then
-    echo "setup_venv: installing ray==$RAY_VERSION from PyPI (~70 MB)" >&2
-    "$py" -m pip install "${pip[@]}" "ray==$RAY_VERSION" || {
-      echo "setup_venv: could not install ray from PyPI (network, proxy or certificates?)" >&2
-      exit 1
-    }
-  fi
+  "$py" -c "import pyspark, ray, sys; sys.exit(
+    (pyspark.__version__, ray.__version__) != ('$PYSPARK_VERSION', '$RAY_VERSION'))" ||
+    die "pyspark $PYSPARK_VERSION and ray $RAY_VERSION do not import in $py"
 fi
