@@ -618,6 +618,83 @@ def table(results):
     return "\n".join(lines)
 
 
+# The kinds whose bounds are tight for a machine shared with another job (a stopped rank is
+# resumed or killed 10 s after its fault, 2 s after the others' timeout and probe; a link down
+# is found by the probes): they run alone, whatever --jobs says.
+ALONE = ("stop_resume", "stop_kill", "link_down")
+
+
+def may_start(sc, running, jobs):
+    """Whether `sc` may start beside the scenarios running now: at most `jobs` at once, ALONE's
+    kinds by themselves, and one at a time on the test bed (a job there counts the test hosts'
+    new processes as its own: another's would read as left behind)."""
+    if not running:
+        return True
+    if len(running) >= jobs or sc.kind in ALONE or any(r.kind in ALONE for r in running):
+        return False
+    return sc.layout == "local" or all(r.layout == "local" for r in running)
+
+
+def run_all(scenarios, args, bed, discovery_dir, results):
+    """Runs the scenarios, up to args.jobs at once (may_start), in their order except that one
+    may start before a test-bed scenario that has to wait; never before an ALONE one. Fills
+    results[i] and returns the indices run, in order."""
+    lock = threading.Condition()
+    pending = list(range(len(scenarios)))
+    running = {}  # index -> Scenario
+    done = []
+
+    def one(i):
+        sc = scenarios[i]
+        run = Run(sc, args.python, discovery_dir)
+        try:
+            r = run.execute()
+        except Exception as e:  # the campaign's own failure: reported as this run's, not hung
+            r = {"seed": sc.seed, "kind": sc.kind, "outcome": "wrong", "culprit": None,
+                 "detect_s": None, "wall_s": 0.0, "problems": ["chaos.py raised %r" % e]}
+        with lock:
+            results[i] = r
+            done.append(i)
+            print("chaos: %4d %-8s %s%s; %.0f s in all%s" % (
+                i + 1, r["outcome"], sc.describe(),
+                "; detected in %.1f s" % r["detect_s"] if r["detect_s"] is not None else "",
+                r["wall_s"],
+                ("; " + "; ".join(r["problems"])) if r["problems"] else ""), flush=True)
+            if r["outcome"] != "ok" or args.replay is not None:
+                for _, text in run.lines[-60 if args.replay is None else 0:]:
+                    print("    | " + text[:300])
+            if args.results:
+                with open(args.results, "a") as f:
+                    f.write(json.dumps(r, sort_keys=True) + "\n")
+            del running[i]
+            lock.notify_all()
+
+    threads = []
+    with lock:
+        while pending:
+            if args.stop_file and os.path.exists(args.stop_file):
+                print("chaos: stopped (%s exists)" % args.stop_file, flush=True)
+                break
+            chosen = None
+            for i in pending:
+                if may_start(scenarios[i], list(running.values()), args.jobs):
+                    chosen = i
+                    break
+                if scenarios[i].kind in ALONE:
+                    break
+            if chosen is None:
+                lock.wait()
+                continue
+            pending.remove(chosen)
+            running[chosen] = scenarios[chosen]
+            t = threading.Thread(target=one, args=(chosen,), daemon=True)
+            t.start()
+            threads.append(t)
+    for t in threads:
+        t.join()
+    return sorted(done)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -636,6 +713,9 @@ def main():
     p.add_argument("--table-from", nargs="+", metavar="RESULTS",
                    help="only print the table of these --results files (JSON lines)")
     p.add_argument("--no-bed", action="store_true", help="never use the test bed")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="scenarios at once (default 1; the ALONE kinds, and those on the test "
+                        "bed among themselves, still one at a time)")
     args = p.parse_args()
     if args.table_from:
         results = []
@@ -666,30 +746,14 @@ def main():
     os.chmod(script, 0o755)
     print("chaos: %d scenarios%s; collective timeout %d s, deadlock grace %d s, bound %d s"
           % (len(scenarios), " (test bed up)" if bed else "", TIMEOUT, GRACE, BOUND), flush=True)
-    results = []
+    results = [None] * len(scenarios)
     start = time.monotonic()
     try:
-        for i, sc in enumerate(scenarios):
-            if args.stop_file and os.path.exists(args.stop_file):
-                print("chaos: stopped (%s exists)" % args.stop_file, flush=True)
-                scenarios = scenarios[:i]
-                break
-            run = Run(sc, args.python, discovery_dir)
-            r = run.execute()
-            results.append(r)
-            print("chaos: %4d %-8s %s%s; %.0f s in all%s" % (
-                i + 1, r["outcome"], sc.describe(),
-                "; detected in %.1f s" % r["detect_s"] if r["detect_s"] is not None else "",
-                r["wall_s"],
-                ("; " + "; ".join(r["problems"])) if r["problems"] else ""), flush=True)
-            if r["outcome"] != "ok" or args.replay is not None:
-                for _, text in run.lines[-60 if args.replay is None else 0:]:
-                    print("    | " + text[:300])
-            if args.results:
-                with open(args.results, "a") as f:
-                    f.write(json.dumps(r, sort_keys=True) + "\n")
+        ran = run_all(scenarios, args, bed, discovery_dir, results)
     finally:
         shutil.rmtree(discovery_dir, ignore_errors=True)
+    scenarios = [scenarios[i] for i in ran]
+    results = [results[i] for i in ran]
     report = table(results)
     print(report)
     print("chaos: %d runs in %.0f s" % (len(results), time.monotonic() - start))

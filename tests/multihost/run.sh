@@ -149,7 +149,7 @@ run "python suite --gloo -H hvd-h1:2,hvd-h2:2" 600 sh -c "cd '$ROOT_DIR/tests/py
 # only guards against a hang of the campaign itself, which bounds every run on its own).
 chaos_results=/tmp/hvd-chaos-results.$$.jsonl
 run_here "chaos CI subset (tests/chaos, 41 scenarios)" 600 "$PY" "$ROOT_DIR/tests/chaos/chaos.py" \
-  --ci --results "$chaos_results"
+  --ci --jobs 2 --results "$chaos_results"
 
 # Foreign and hostile clients (tests/multihost/hostile, on hvd-h1): the rendezvous store, the
 # Spark services and a running job's store and side channels refuse clients without the
