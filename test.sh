@@ -18,9 +18,11 @@ source scripts/mpi_env.sh
 #    checkout: scripts/setup_venv.sh) and horovod_cpp by a plain `pip install .`.
 # 2. The default build (NCCL backend on when CUDA and NCCL are found): every test, the Python
 #    ones included, on both lanes (Debian's torch 1.13: python_*; PyPI's: pypi_python_*).
-# The PyPI lane is set up in the background while the default build compiles: unpacking its
-# wheels (~2 minutes on a new machine) keeps one core busy, the compilers the other. (After
-# .venv: the two pip installs of this checkout would share its setuptools build directory.)
+# The PyPI lane is set up in the background while the default build compiles (after .venv: the
+# two pip installs of this checkout would share its setuptools build directory). On a new
+# machine that gains little (unpacking its wheels, ~2 minutes, takes a core from the compilers:
+# 396 s for both against 407-423 s one after the other); where the shared venvs exist, its
+# ~20 s hide behind the build.
 stage "the virtual environments and the default build (the PyPI lane's venv in the background)"
 scripts/setup_venv.sh --spark
 scripts/setup_venv.sh --pypi > setup-venv-pypi.log 2>&1 &
