@@ -21,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYSPARK_VERSION=4.0.5   # Debian lane; tested with Java 17; any pyspark >= 3.5 works
 RAY_VERSION=2.60.0      # Debian lane: horovod_cpp.ray's tests (a local cluster and the test bed)
-CACHE=${HVD_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/horovod_cpp}
+CACHE=${HVD_VENV_CACHE:-${XDG_CACHE_HOME:-~/.cache}/horovod_cpp}
 pip=(--quiet --disable-pip-version-check)
 
 die() { echo "setup_venv: $*" >&2; exit 1; }
