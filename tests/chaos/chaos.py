@@ -635,14 +635,13 @@ def may_start(sc, running, jobs):
     return sc.layout == "local" or all(r.layout == "local" for r in running)
 
 
-def run_all(scenarios, args, bed, discovery_dir, results):
+def run_all(scenarios, args, discovery_dir, results):
     """Runs the scenarios, up to args.jobs at once (may_start), in their order except that one
     may start before a test-bed scenario that has to wait; never before an ALONE one. Fills
-    results[i] and returns the indices run, in order."""
+    results[i] for each scenario run (None for those --stop-file left out)."""
     lock = threading.Condition()
     pending = list(range(len(scenarios)))
     running = {}  # index -> Scenario
-    done = []
 
     def one(i):
         sc = scenarios[i]
@@ -654,7 +653,6 @@ def run_all(scenarios, args, bed, discovery_dir, results):
                  "detect_s": None, "wall_s": 0.0, "problems": ["chaos.py raised %r" % e]}
         with lock:
             results[i] = r
-            done.append(i)
             print("chaos: %4d %-8s %s%s; %.0f s in all%s" % (
                 i + 1, r["outcome"], sc.describe(),
                 "; detected in %.1f s" % r["detect_s"] if r["detect_s"] is not None else "",
@@ -692,7 +690,6 @@ def run_all(scenarios, args, bed, discovery_dir, results):
             threads.append(t)
     for t in threads:
         t.join()
-    return sorted(done)
 
 
 def main():
@@ -749,9 +746,10 @@ def main():
     results = [None] * len(scenarios)
     start = time.monotonic()
     try:
-        ran = run_all(scenarios, args, bed, discovery_dir, results)
+        run_all(scenarios, args, discovery_dir, results)
     finally:
         shutil.rmtree(discovery_dir, ignore_errors=True)
+    ran = [i for i, r in enumerate(results) if r is not None]
     scenarios = [scenarios[i] for i in ran]
     results = [results[i] for i in ran]
     report = table(results)
