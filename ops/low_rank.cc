@@ -7,6 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include "ops/reduce_kernels.h"
+
 // This file is compiled with -O3 -ffp-contract=off (CMakeLists.txt): loops vectorized, and no
 // multiply-add contracted into an FMA, which would round differently from CPUs without one.
 
@@ -88,14 +90,6 @@ __attribute__((target("avx2"))) void FinishAvx2(float* matrix, const float* pt, 
                                                 int64_t r, int64_t n, int64_t m, float* out,
                                                 int64_t begin, int64_t end) {
   FinishRows(matrix, pt, qt, r, n, m, out, begin, end);
-}
-
-bool CpuHasAvx2() {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return yes;
 }
 #endif
 

@@ -83,8 +83,11 @@ void FloatsToHalves(const float* src, uint16_t* dst, int64_t n) {
 
 // bfloat16 <-> float32 as BFloat16ToFloat and FloatToBFloat16 (ops/half.h), bit for bit, written
 // without branches so that the compiler vectorizes them (the scalar loop with its NaN branch made
-// a bfloat16 allreduce as slow as a float32 one of twice the bytes).
-void BFloat16sToFloats(const uint16_t* src, float* dst, int64_t n) {
+// a bfloat16 allreduce as slow as a float32 one of twice the bytes). The NaN test compares as
+// signed integers (both sides are below 2^31), which SSE2 and AVX2 have.
+namespace {
+__attribute__((always_inline)) inline void BFloat16sToFloatsLoop(const uint16_t* src, float* dst,
+                                                                int64_t n) {
   static_assert(sizeof(float) == sizeof(uint32_t), "float is 32 bits");
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
@@ -92,14 +95,57 @@ void BFloat16sToFloats(const uint16_t* src, float* dst, int64_t n) {
   }
 }
 
-void FloatsToBFloat16s(const float* src, uint16_t* dst, int64_t n) {
+__attribute__((always_inline)) inline void FloatsToBFloat16sLoop(const float* src, uint16_t* dst,
+                                                                int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t x;
     std::memcpy(&x, src + i, sizeof x);
     const uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;  // to nearest even
     const uint32_t quiet_nan = (x >> 16) | 0x40u;
-    dst[i] = static_cast<uint16_t>((x & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
+    const bool nan = static_cast<int32_t>(x & 0x7FFFFFFFu) > 0x7F800000;
+    dst[i] = static_cast<uint16_t>(nan ? quiet_nan : rounded);
   }
+}
+
+#ifdef HVD_HAVE_F16C_PATH
+// The same loops on 8 lanes where the CPU has AVX2 (the baseline build has 4: SSE2); ~2x on
+// the conversions of a bfloat16 reduction.
+__attribute__((target("avx2"))) void BFloat16sToFloatsAvx2(const uint16_t* src, float* dst,
+                                                           int64_t n) {
+  BFloat16sToFloatsLoop(src, dst, n);
+}
+
+__attribute__((target("avx2"))) void FloatsToBFloat16sAvx2(const float* src, uint16_t* dst,
+                                                           int64_t n) {
+  FloatsToBFloat16sLoop(src, dst, n);
+}
+#endif
+}  // namespace
+
+bool CpuHasAvx2() {
+#ifdef HVD_HAVE_F16C_PATH
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
+void BFloat16sToFloats(const uint16_t* src, float* dst, int64_t n) {
+#ifdef HVD_HAVE_F16C_PATH
+  if (CpuHasAvx2()) return BFloat16sToFloatsAvx2(src, dst, n);
+#endif
+  BFloat16sToFloatsLoop(src, dst, n);
+}
+
+void FloatsToBFloat16s(const float* src, uint16_t* dst, int64_t n) {
+#ifdef HVD_HAVE_F16C_PATH
+  if (CpuHasAvx2()) return FloatsToBFloat16sAvx2(src, dst, n);
+#endif
+  FloatsToBFloat16sLoop(src, dst, n);
 }
 
 namespace {

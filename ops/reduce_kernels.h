@@ -31,9 +31,14 @@ void FloatsToHalves(const float* src, uint16_t* dst, int64_t n);
 bool HalfConversionsVectorized();
 
 // bfloat16 (as uint16_t) to and from float32 for n elements, as BFloat16ToFloat and
-// FloatToBFloat16 (ops/half.h) give them, bit for bit; vectorized by the compiler.
+// FloatToBFloat16 (ops/half.h) give them, bit for bit; vectorized by the compiler, with an AVX2
+// copy used where the CPU has AVX2.
 void BFloat16sToFloats(const uint16_t* src, float* dst, int64_t n);
 void FloatsToBFloat16s(const float* src, uint16_t* dst, int64_t n);
+
+// Whether this CPU (and OS) runs AVX2 code: chooses the kernels' AVX2 copies (here and
+// ops/low_rank.cc). false off x86.
+bool CpuHasAvx2();
 
 }  // namespace ops
 }  // namespace hvd
