@@ -315,7 +315,8 @@ PY
       rm -f "$log"
     fi  # !compression_only
   fi
-  if ((!compression_only)) && [[ -x build/examples/bench/nccl_bench ]]; then  # NCCL builds; skips, saying so, without a GPU
+  # NCCL builds; skips, saying so, without a GPU.
+  if ((!compression_only)) && [[ -x build/examples/bench/nccl_bench ]]; then
     echo "# CUDA tensors: horovod_cpp's NCCL path vs raw NCCL calls (one rank per GPU)"
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
     mpirun -np "$(( gpus > 0 ? gpus : 1 ))" --bind-to none build/examples/bench/nccl_bench

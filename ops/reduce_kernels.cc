@@ -12,13 +12,14 @@
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #include <immintrin.h>
-#define HVD_HAVE_F16C_PATH 1
+// x86 with GCC or clang: the F16C and AVX2 copies of the conversions, chosen at run time.
+#define HVD_X86_KERNEL_COPIES 1
 #endif
 
 namespace hvd {
 namespace ops {
 
-#ifdef HVD_HAVE_F16C_PATH
+#ifdef HVD_X86_KERNEL_COPIES
 // float16 <-> float32 with the F16C instructions (8 per instruction, round to nearest even, as
 // FloatToHalf; subnormals exact): the scalar conversions' branches made an fp16-compressed
 // allreduce twice as slow as an uncompressed one at 10 Gbit/s (docs/compression.md). Compiled
@@ -68,14 +69,14 @@ bool HalfConversionsVectorized() { return false; }
 #endif
 
 void HalvesToFloats(const uint16_t* src, float* dst, int64_t n) {
-#ifdef HVD_HAVE_F16C_PATH
+#ifdef HVD_X86_KERNEL_COPIES
   if (HalfConversionsVectorized()) return HalvesToFloatsF16C(src, dst, n);
 #endif
   for (int64_t i = 0; i < n; ++i) dst[i] = HalfToFloat(src[i]);
 }
 
 void FloatsToHalves(const float* src, uint16_t* dst, int64_t n) {
-#ifdef HVD_HAVE_F16C_PATH
+#ifdef HVD_X86_KERNEL_COPIES
   if (HalfConversionsVectorized()) return FloatsToHalvesF16C(src, dst, n);
 #endif
   for (int64_t i = 0; i < n; ++i) dst[i] = FloatToHalf(src[i]);
@@ -107,7 +108,7 @@ __attribute__((always_inline)) inline void FloatsToBFloat16sLoop(const float* sr
   }
 }
 
-#ifdef HVD_HAVE_F16C_PATH
+#ifdef HVD_X86_KERNEL_COPIES
 // The same loops on 8 lanes where the CPU has AVX2 (the baseline build has 4: SSE2); ~2x on
 // the conversions of a bfloat16 reduction.
 __attribute__((target("avx2"))) void BFloat16sToFloatsAvx2(const uint16_t* src, float* dst,
@@ -123,7 +124,7 @@ __attribute__((target("avx2"))) void FloatsToBFloat16sAvx2(const float* src, uin
 }  // namespace
 
 bool CpuHasAvx2() {
-#ifdef HVD_HAVE_F16C_PATH
+#ifdef HVD_X86_KERNEL_COPIES
   static const bool yes = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") != 0;
@@ -135,14 +136,14 @@ bool CpuHasAvx2() {
 }
 
 void BFloat16sToFloats(const uint16_t* src, float* dst, int64_t n) {
-#ifdef HVD_HAVE_F16C_PATH
+#ifdef HVD_X86_KERNEL_COPIES
   if (CpuHasAvx2()) return BFloat16sToFloatsAvx2(src, dst, n);
 #endif
   BFloat16sToFloatsLoop(src, dst, n);
 }
 
 void FloatsToBFloat16s(const float* src, uint16_t* dst, int64_t n) {
-#ifdef HVD_HAVE_F16C_PATH
+#ifdef HVD_X86_KERNEL_COPIES
   if (CpuHasAvx2()) return FloatsToBFloat16sAvx2(src, dst, n);
 #endif
   FloatsToBFloat16sLoop(src, dst, n);

@@ -12,11 +12,11 @@
 # under $HVD_VENV_CACHE (default ~/.cache/horovod_cpp: debian-<key>, pypi-<key>, the key a hash
 # of the pins and the Python), not once per checkout: a clean clone (CI's) then sets up in
 # ~100 s (the builds of horovod_cpp's module) instead of ~216 s of downloading and unpacking
-# ~3.5 GB and the builds. The checkout's venv is
-# a venv of its own (its python, pip, horovod_cpp and console scripts) whose site-packages has
-# a .pth file that adds the shared venv's site-packages after its own (so horovod_cpp and
-# anything installed into the checkout's venv come first). Old pins' shared venvs stay until
-# removed (rm -rf ~/.cache/horovod_cpp; the next run installs again).
+# ~3.5 GB and the builds. The checkout's venv is a venv of its own (its python, pip,
+# horovod_cpp and console scripts) whose site-packages has a .pth file that adds the shared
+# venv's site-packages after its own (so horovod_cpp and anything installed into the
+# checkout's venv come first). Old pins' shared venvs stay until removed
+# (rm -rf ~/.cache/horovod_cpp; the next run installs again).
 # CMake rebuilds only what changed (build-python/, one tree per environment).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,7 +71,8 @@ own_venv() {
   fi
   if [[ ! -x $dir/bin/python ]]; then
     new_venv "$dir" "$system"
-    echo "packages from PyPI: the shared venv named in site-packages/_hvd_shared.pth" > "$dir/.hvd-layout"
+    echo "packages from PyPI: the shared venv named in site-packages/_hvd_shared.pth" \
+      > "$dir/.hvd-layout"
   fi
   [[ -n $shared ]] || return 0
   sp=$(site_packages "$dir")
