@@ -136,25 +136,43 @@ Autotuner::~Autotuner() = default;
 
 bool Autotuner::Observe(const std::vector<Response>& responses, Clock::time_point now) {
   if (responses.empty()) return false;
-  if (!started_) {  // the first sample starts with the job's first collectives
+  // The first sample starts when the job's first collectives have run (`now`): their bytes
+  // are not the sample's.
+  const bool first = !started_;
+  if (first) {
     started_ = true;
     sample_start_ = now;
   }
+  // A step begins with the cycle in which a tensor comes back that the current step has
+  // already reduced: in a training loop, the cycle holding the step's first gradients, the
+  // same point of every step, so a sample is a whole number of steps however the steps fall
+  // into cycles.
+  std::vector<std::string> keys;
+  bool repeat = false;
+  for (const Response& r : responses) {
+    for (const std::string& name : r.tensor_names) {
+      keys.push_back(std::to_string(r.process_set_id) + "/" + name);
+      repeat = repeat || in_step_.count(keys.back()) > 0;
+    }
+  }
+  if (repeat) {
+    in_step_.clear();
+    ++steps_;
+  }
+  in_step_.insert(std::make_move_iterator(keys.begin()), std::make_move_iterator(keys.end()));
   for (const Response& r : responses) {
     for (size_t i = 0; i < r.tensor_names.size(); ++i) {
-      const int seen =
-          ++seen_[std::to_string(r.process_set_id) + "/" + r.tensor_names[i]];
-      max_seen_ = std::max(max_seen_, seen);
-      if (i < r.tensor_sizes.size() && r.type != OpType::kError) {
+      if (!first && i < r.tensor_sizes.size() && r.type != OpType::kError) {
         bytes_ += static_cast<double>(r.tensor_sizes[i]) * DataTypeSize(r.dtype);
       }
     }
   }
-  if (max_seen_ < options_.steps_per_sample) return false;
+  if (!repeat || steps_ < options_.steps_per_sample) return false;
+  // The cycle that began a step ends the sample; its bytes were reduced within the sample's
+  // time and the step it begins belongs to the next sample (in_step_ keeps its tensors).
   const double seconds = std::chrono::duration<double>(now - sample_start_).count();
   last_score_ = seconds > 0 ? bytes_ / seconds : 0.0;
-  seen_.clear();
-  max_seen_ = 0;
+  steps_ = 0;
   bytes_ = 0;
   sample_start_ = now;
   return true;

@@ -7,19 +7,21 @@
 // allreduce. A knob set in the environment (HOROVOD_FUSION_THRESHOLD=...) stays as set, as in
 // Horovod.
 //
-// How: a step is one round of the job's tensors (a sample ends when some tensor has been reduced
-// --steps-per-sample times), counted from the agreed responses, which are the same on every
-// rank, so every rank knows when a sample ends without asking. The score of a sample is rank
-// 0's bytes reduced per second of wall time over it, which for a training loop is proportional
-// to its steps per second. After the warm-up samples, rank 0 searches one knob at a time (the
-// most consequential first): every value of the knob is sampled with the others at their best
-// so far, and a value other than the incumbent must win a re-check by more than kMargin to be
-// adopted: the two sampled again in ABBA order (challenger, incumbent, incumbent, challenger),
-// deciding on those four samples alone, so that neither noise nor a job that speeds up or slows
-// down over time (which favours whatever is sampled later) fools it into a change. After at
-// most --bayes-opt-max-samples samples it settles on the best values. It then keeps scoring:
-// when the score at those values moves by more than kRetuneChange for kRetuneSamples samples in
-// a row (a link got slower or faster, the job changed), it searches again.
+// How: a step is one round of the job's tensors: a step begins with the cycle in which a
+// tensor comes back that the current step has already reduced, and a sample is
+// --steps-per-sample steps. Steps are counted from the agreed responses, which are the same
+// on every rank, so every rank knows when a sample ends without asking. The score of a sample
+// is rank 0's bytes reduced per second of wall time over it, which for a training loop is
+// proportional to its steps per second. After the warm-up samples, rank 0 searches one knob at
+// a time (the most consequential first): every value of the knob is sampled with the others at
+// their best so far, and a value other than the incumbent must win a re-check by more than
+// kMargin to be adopted: the two sampled again in ABBA order (challenger, incumbent,
+// incumbent, challenger), deciding on those four samples alone, so that neither noise nor a
+// job that speeds up or slows down over time (which favours whatever is sampled later) fools
+// it into a change. After at most --bayes-opt-max-samples samples it settles on the best
+// values. It then keeps scoring: when the score at those values moves by more than
+// kRetuneChange for kRetuneSamples samples in a row (a link got slower or faster, the job
+// changed), it searches again.
 //
 // Agreement: at the end of every sample each rank calls Exchange(), a broadcast from rank 0 of
 // the knobs to use from the next cycle on (the values it decided, its phase). The background
@@ -38,7 +40,7 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "base/status.h"
@@ -136,8 +138,8 @@ class Autotuner {
   int samples_ended_ = 0;
 
   // Step counting (every rank).
-  std::unordered_map<std::string, int> seen_;
-  int max_seen_ = 0;
+  std::unordered_set<std::string> in_step_;  // the tensors reduced in the current step
+  int steps_ = 0;                             // steps begun since the sample began
   double bytes_ = 0;
   Clock::time_point sample_start_;
   bool started_ = false;

@@ -1,6 +1,6 @@
 """FIGURE lines A1 and A2 from the autotuner's own logs (bench.sh).
 
-    python3 examples/bench/autotune_summary.py WORKLOAD=LOG [WORKLOAD=LOG ...]
+    python3 examples/bench/autotune_summary.py [--steps-per-sample N] WORKLOAD=LOG [...]
 
 Each LOG is HOROVOD_AUTOTUNE_LOG of one job of examples/bench/autotune_bench.py run with
 HOROVOD_AUTOTUNE=1 and HOROVOD_AUTOTUNE_COMPARE (bench.sh): warm-up and search samples, then,
@@ -20,7 +20,9 @@ score ratio.
           tuned= is the values the job ended on (a re-tune may have changed them).
   FIGURE A2 ... every window of 50 tuned steps against the defaults' samples interleaved in the
           same span: ratio = the defaults' mean step time / the tuned mean step time, the
-          worst window's; target >= 0.98 (never more than 2 % worse).
+          worst window's; target >= 0.98 (never more than 2 % worse). Beside it, the same
+          statistic where no difference exists (noise_floor_*: in each window the tuned samples
+          at even positions against those at odd ones): what the machine's noise alone gives.
 """
 import argparse
 import csv
@@ -97,26 +99,41 @@ def summarize(workload, path, steps_per_sample):
                                      for k, v in sorted(relative.items(),
                                                         key=lambda kv: -kv[1]))))
     # A2: windows of WINDOW_STEPS tuned steps, each against the defaults' samples in its span.
+    # The noise floor of that figure, from the same samples: in each window the tuned samples
+    # at even positions against those at odd ones (the same values against themselves, half
+    # the samples a side: if anything noisier than the figure it bounds).
     per_window = max(1, WINDOW_STEPS // steps_per_sample)
     tuned_at = [i for i, s in enumerate(after) if s["phase"] == "tuned"]
-    windows = []
+    windows, same = [], []
     for w in range(0, len(tuned_at) - per_window + 1):
         first, last = tuned_at[w], tuned_at[w + per_window - 1]
         base = [1.0 / after[i]["score"] for i in range(first, last + 1)
                 if after[i]["phase"] == "compare" and after[i]["knobs"] == defaults]
         if not base:
             continue
-        tuned = statistics.mean(1.0 / after[i]["score"] for i in tuned_at[w:w + per_window])
-        windows.append(statistics.mean(base) / tuned)
+        times = [1.0 / after[i]["score"] for i in tuned_at[w:w + per_window]]
+        windows.append(statistics.mean(base) / statistics.mean(times))
+        if len(times) >= 2:
+            same.append(statistics.mean(times[1::2]) / statistics.mean(times[0::2]))
     if not windows:
         print("FIGURE A2 name=autotune_vs_defaults_%s ratio=n/a target=>=0.98 met=no (no "
               "window of %d tuned steps with the defaults beside it)" % (workload, WINDOW_STEPS))
         return
     worst = min(windows)
-    print("FIGURE A2 name=autotune_vs_defaults_%s settled_step=%d windows=%d "
-          "median_window=%.3f best_window=%.3f ratio=%.3f target=>=0.98 met=%s"
-          % (workload, settled_step, len(windows), statistics.median(windows), max(windows),
-             worst, "yes" if worst >= 0.98 else "no"))
+    print("FIGURE A2 name=autotune_vs_defaults_%s settled_step=%d "
+          "windows=%d median_window=%.3f p5_window=%.3f best_window=%.3f ratio=%.3f "
+          "target=>=0.98 met=%s noise_floor_worst=%.3f noise_floor_p5=%.3f "
+          "worst_within_noise_floor=%s"
+          % (workload, settled_step, len(windows), statistics.median(windows),
+             percentile(windows, 5), max(windows), worst, "yes" if worst >= 0.98 else "no",
+             min(same) if same else float("nan"),
+             percentile(same, 5) if same else float("nan"),
+             "yes" if same and worst >= min(same) else "no"))
+
+
+def percentile(values, p):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, len(ordered) * p // 100)]
 
 
 def main():

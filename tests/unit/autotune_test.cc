@@ -92,16 +92,65 @@ double Landscape(const TunedKnobs& k) {
   return s;
 }
 
-TEST(Autotune, ASampleEndsWhenATensorHasBeenReducedStepsPerSampleTimes) {
+// A step of a loop whose gradients fall into two cycles: the last layer's first, then the
+// rest (as backward produces them).
+std::vector<Response> FirstCycle() {
+  std::vector<Response> r = Step();
+  r[0].tensor_names.resize(1);
+  r[0].tensor_sizes.resize(1);
+  return r;
+}
+std::vector<Response> SecondCycle() {
+  std::vector<Response> r = Step();
+  r[0].tensor_names.erase(r[0].tensor_names.begin());
+  r[0].tensor_sizes.erase(r[0].tensor_sizes.begin());
+  return r;
+}
+
+TEST(Autotune, ASampleIsStepsPerSampleWholeSteps) {
+  // A step begins with the cycle in which a tensor of the step before comes back, so the
+  // sample ends there, after exactly that many steps, however the steps fall into cycles.
   Autotuner tuner(Options(3), Defaults());
   Autotuner::Clock::time_point t{};
   EXPECT_FALSE(tuner.Observe({}, t));  // no responses: nothing counted, no clock started
-  EXPECT_FALSE(tuner.Observe(Step(), t += std::chrono::milliseconds(10)));
-  EXPECT_FALSE(tuner.Observe(Step(), t += std::chrono::milliseconds(10)));
-  EXPECT_TRUE(tuner.Observe(Step(), t += std::chrono::milliseconds(10)));
-  EXPECT_FALSE(tuner.Observe(Step(), t += std::chrono::milliseconds(10)));  // a new sample
-  EXPECT_FALSE(tuner.Observe(Step(), t += std::chrono::milliseconds(10)));
-  EXPECT_TRUE(tuner.Observe(Step(), t += std::chrono::milliseconds(10)));
+  EXPECT_FALSE(tuner.Observe(Step(), t += std::chrono::milliseconds(10)));  // step 1 begins
+  EXPECT_FALSE(tuner.Observe(Step(), t += std::chrono::milliseconds(10)));  // 2
+  EXPECT_FALSE(tuner.Observe(Step(), t += std::chrono::milliseconds(10)));  // 3
+  EXPECT_TRUE(tuner.Observe(Step(), t += std::chrono::milliseconds(10)));   // 4: 3 steps done
+  // Two cycles a step: the sample still ends when its third step is over, at the cycle that
+  // begins the fourth, and scores three steps' bytes over three steps' time.
+  Autotuner::Options o = Options(3);
+  const std::string path = ::testing::TempDir() + "/autotune_steps.csv";
+  o.log_path = path;
+  Autotuner two(o, Defaults());
+  t = {};
+  int cycles = 0;
+  bool ended = false;
+  for (int step = 0; step < 4 && !ended; ++step) {
+    ++cycles;
+    ended = two.Observe(FirstCycle(), t += std::chrono::milliseconds(2));
+    if (ended) break;
+    ++cycles;
+    ended = two.Observe(SecondCycle(), t += std::chrono::milliseconds(8));
+  }
+  ASSERT_TRUE(ended);
+  EXPECT_EQ(cycles, 7);  // steps 1-3 (two cycles each), then the first cycle of step 4
+  ASSERT_TRUE(two.Exchange([](std::vector<uint8_t>*) { return Status::OK(); }).ok());
+  std::ifstream in(path);
+  std::string header, line;
+  ASSERT_TRUE(std::getline(in, header) && std::getline(in, line));
+  // From the end of cycle 1 to the end of cycle 7: three steps of 10 ms, 3 x 2 MiB.
+  EXPECT_NEAR(std::stod(line.substr(line.rfind(',') + 1)), 3 * kStepBytes / 0.030, 1.0) << line;
+  std::remove(path.c_str());
+  // A cycle that holds the rest of one step and the start of the next (b, then a again)
+  // begins a step too: once a step, as the cycles do not change.
+  Autotuner shifted(Options(2), Defaults());
+  std::vector<Response> rest_and_next = Step();
+  std::swap(rest_and_next[0].tensor_names[0], rest_and_next[0].tensor_names[1]);
+  t = {};
+  EXPECT_FALSE(shifted.Observe(FirstCycle(), t += std::chrono::milliseconds(5)));     // 1
+  EXPECT_FALSE(shifted.Observe(rest_and_next, t += std::chrono::milliseconds(10)));  // 2
+  EXPECT_TRUE(shifted.Observe(rest_and_next, t += std::chrono::milliseconds(10)));   // 3
 }
 
 TEST(Autotune, FindsTheBestPointOfAKnownLandscapeWithinTheBudget) {
