@@ -150,9 +150,12 @@ bool Autotuner::Observe(const std::vector<Response>& responses, Clock::time_poin
   std::vector<std::string> keys;
   bool repeat = false;
   for (const Response& r : responses) {
-    for (const std::string& name : r.tensor_names) {
-      keys.push_back(std::to_string(r.process_set_id) + "/" + name);
+    for (size_t i = 0; i < r.tensor_names.size(); ++i) {
+      keys.push_back(std::to_string(r.process_set_id) + "/" + r.tensor_names[i]);
       repeat = repeat || in_step_.count(keys.back()) > 0;
+      if (!first && i < r.tensor_sizes.size() && r.type != OpType::kError) {
+        bytes_ += static_cast<double>(r.tensor_sizes[i]) * DataTypeSize(r.dtype);
+      }
     }
   }
   if (repeat) {
@@ -160,13 +163,6 @@ bool Autotuner::Observe(const std::vector<Response>& responses, Clock::time_poin
     ++steps_;
   }
   in_step_.insert(std::make_move_iterator(keys.begin()), std::make_move_iterator(keys.end()));
-  for (const Response& r : responses) {
-    for (size_t i = 0; i < r.tensor_names.size(); ++i) {
-      if (!first && i < r.tensor_sizes.size() && r.type != OpType::kError) {
-        bytes_ += static_cast<double>(r.tensor_sizes[i]) * DataTypeSize(r.dtype);
-      }
-    }
-  }
   if (!repeat || steps_ < options_.steps_per_sample) return false;
   // The cycle that began a step ends the sample; its bytes were reduced within the sample's
   // time and the step it begins belongs to the next sample (in_step_ keeps its tensors).
