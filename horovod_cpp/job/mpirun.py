@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -291,6 +292,14 @@ class Result(object):
                     "killed")
         if self.failed_rank is not None:
             text += ": rank %d exited with %s" % (self.failed_rank, self.failure)
+        elif not self.stopped_after_abort and self.returncode is not None \
+                and 128 < self.returncode < 128 + 65:
+            # Open MPI passes a rank's signal on as 128 + N; its report of which rank is
+            # missing (it ends some failed jobs with only "Primary job terminated normally,
+            # but 1 process returned a non-zero exit code").
+            number = self.returncode - 128
+            text += (": a rank exited with signal %d (%s), or with exit code %d; mpirun did "
+                     "not say which rank" % (number, proc.signal_name(number), self.returncode))
         lines = self.tails.get(self.failed_rank) if self.failed_rank is not None else None
         culprit = self._shut_down_by()
         if culprit is not None and culprit[0] != self.failed_rank:
@@ -328,10 +337,34 @@ class Result(object):
         return None
 
 
+def own_session_dir(argv, env=None):
+    """(argv, directory): ``argv`` with an Open MPI session directory base of this job's own on
+    this host (a new directory, which the caller removes once mpirun has ended), or (argv, None)
+    where the argv already chooses one.
+
+    Open MPI 4.1 keeps one directory per host and user (ompi.<host>.<uid>) under the temporary
+    directory, made by each mpirun as it starts and removed by each as it ends when empty: one
+    mpirun's cleanup can remove it between another's mkdir and stat, and that mpirun fails
+    ("A call to mkdir was unable to create the desired directory ... File exists"). Two jobs
+    started together on one machine hit it (2 mpiruns in 200, 20 at a time, here). The new
+    directory is made where Open MPI would have made its own: below the
+    OMPI_MCA_orte_local_tmpdir_base or OMPI_MCA_orte_tmpdir_base of ``env`` (default
+    os.environ) where set, else TMPDIR (or /tmp)."""
+    if any("tmpdir_base" in a for a in argv):
+        return list(argv), None
+    env = os.environ if env is None else env
+    base = env.get("OMPI_MCA_orte_local_tmpdir_base") or env.get("OMPI_MCA_orte_tmpdir_base")
+    if base:
+        os.makedirs(base, exist_ok=True)
+    path = tempfile.mkdtemp(prefix="hvd-mpi.", dir=base or None)
+    return [argv[0], "-mca", "orte_local_tmpdir_base", path] + list(argv[1:]), path
+
+
 class Launch(object):
     """Runs an mpirun argv; ``on_line(rank, stream, text)`` gets every rank's line (rank None
     for mpirun's own). ``wait()`` returns a Result. Call from a thread that outlives the job
-    (the child dies with the thread that started it).
+    (the child dies with the thread that started it). The job has a session directory of its
+    own (own_session_dir), removed when ``wait`` returns.
 
     Once the job has aborted (MPI_Abort, e.g. by horovod_cpp's collective timeout), mpirun
     stops every rank and exits; but it waits for good for a daemon on a host it can no longer
@@ -339,6 +372,7 @@ class Launch(object):
 
     TAIL = 30
     ABORT_GRACE = 10.0
+    DRAIN_SECONDS = 30.0
     _ABORTED = ("MPI_ABORT was invoked", "collective timeout: rank ")
 
     def __init__(self, argv, on_line, env=None, cwd=None):
@@ -351,8 +385,13 @@ class Launch(object):
         self._pending_process = None
         self._aborted_at = None
         self.stopped_after_abort = False
-        self.proc = proc.popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, env=env, cwd=cwd)
+        argv, self._session_dir = own_session_dir(argv, env)
+        try:
+            self.proc = proc.popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env=env, cwd=cwd)
+        except BaseException:
+            self._remove_session_dir()
+            raise
         self._readers = [threading.Thread(target=self._read, args=(f,), daemon=True,
                                           name="hvd-mpirun-" + name)
                          for f, name in ((self.proc.stdout, "out"), (self.proc.stderr, "err"))]
@@ -392,6 +431,15 @@ class Launch(object):
             self._failed_rank = self._pending_process
             self._failure = "exit code %s" % m.group(1)
 
+    def _join_readers(self, seconds):
+        deadline = time.monotonic() + seconds
+        for t in self._readers:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def _remove_session_dir(self):
+        if self._session_dir is not None:
+            shutil.rmtree(self._session_dir, ignore_errors=True)
+
     def terminate(self):
         proc.stop_group(self.proc)
 
@@ -416,10 +464,14 @@ class Launch(object):
                 returncode = proc.kill_group(self.proc)
             elif deadline is not None and now >= deadline:
                 returncode = proc.stop_group(self.proc)
-        for t in self._readers:
-            t.join(5)
-        # Whatever mpirun left behind in its session goes too.
+        # Every line mpirun wrote is read before the Result is made: its report of the rank
+        # that failed is the last thing it writes, and a reader that is behind (a loaded
+        # machine) must not lose it. Where the output has not ended within a few seconds (a
+        # descendant still holds the pipes), what mpirun left in its session is stopped first.
+        self._join_readers(self.DRAIN_SECONDS / 6)
         proc.stop_group(self.proc, grace=1.0)
+        self._join_readers(self.DRAIN_SECONDS)
+        self._remove_session_dir()
         with self._lock:
             return Result(returncode, self._failed_rank, self._failure,
                           {r: list(t) for r, t in self._tails.items()}, list(self._launcher),

@@ -100,11 +100,11 @@ def _group_alive(pgid):
 def describe_exit(returncode):
     """'exit code 3' or 'signal 9 (SIGKILL)' for a Popen returncode (negative = signal)."""
     if returncode is not None and returncode < 0:
-        return "signal %d (%s)" % (-returncode, _signal_name(-returncode))
+        return "signal %d (%s)" % (-returncode, signal_name(-returncode))
     return "exit code %s" % returncode
 
 
-def _signal_name(number):
+def signal_name(number):
     try:
         return signal.Signals(number).name
     except ValueError:

@@ -252,6 +252,62 @@ def test_a_rank_killed_by_a_signal():
     assert re.search(r"rank 1 exited with signal 9", r.stderr), r.stderr
 
 
+def test_each_job_has_a_session_directory_of_its_own(tmp_path):
+    from horovod_cpp.job import mpirun
+    # Below OMPI_MCA_orte_tmpdir_base where set (made if missing), else below TMPDIR.
+    base = tmp_path / "sessions" / "deeper"
+    argv, path = mpirun.own_session_dir(["/usr/bin/mpirun", "-np", "2", "true"],
+                                        {"OMPI_MCA_orte_tmpdir_base": str(base)})
+    assert os.path.dirname(path) == str(base) and os.path.isdir(path)
+    assert argv == ["/usr/bin/mpirun", "-mca", "orte_local_tmpdir_base", path, "-np", "2",
+                    "true"]
+    # The user's own choice stands.
+    chosen = ["mpirun", "-mca", "orte_tmpdir_base", "/scratch", "-np", "2", "true"]
+    assert mpirun.own_session_dir(chosen, {}) == (chosen, None)
+
+
+def test_jobs_started_together_do_not_race_for_open_mpis_session_directory(tmp_path):
+    # Open MPI's shared per-host directory, made and removed by every mpirun, failed 2 of 200
+    # mpiruns started 20 at a time on an empty TMPDIR here ("orte_session_dir failed"). 20
+    # jobs at once through mpirun.Launch (hvdrun's and HorovodRunner's), 5 times, each time
+    # on an empty TMPDIR: every one has a directory of its own, and leaves nothing.
+    import threading
+    from horovod_cpp.job import mpirun
+    for round_ in range(5):
+        tmp = tmp_path / ("tmp%d" % round_)
+        tmp.mkdir()
+        env = dict(os.environ, TMPDIR=str(tmp))
+        env.pop("OMPI_MCA_orte_tmpdir_base", None)
+        argv = mpirun.build_command(1, ["true"], oversubscribe=True, mpirun=shutil.which("mpirun"))
+        results, lines = [None] * 20, [[] for _ in range(20)]
+
+        def job(i):
+            launch = mpirun.Launch(argv, lambda rank, kind, text: lines[i].append(text), env=env)
+            results[i] = launch.wait(timeout=100).returncode
+
+        threads = [threading.Thread(target=job, args=(i,)) for i in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert results == [0] * 20, [l for l, r in zip(lines, results) if r != 0][:2]
+        assert os.listdir(tmp) == []
+
+
+def test_a_failed_job_that_mpirun_does_not_attribute_still_names_the_signal():
+    from horovod_cpp.job import mpirun
+    # Open MPI can end a job whose rank was killed with only its "Primary job terminated
+    # normally, but 1 process returned a non-zero exit code" and 128 + the signal.
+    launcher = ["Primary job  terminated normally, but 1 process returned",
+                "a non-zero exit code. Per user-direction, the job has been aborted."]
+    text = mpirun.Result(137, None, None, {0: [], 1: []}, launcher).describe()
+    assert text.startswith("mpirun exited with exit code 137: a rank exited with signal 9 "
+                           "(SIGKILL), or with exit code 137; mpirun did not say which rank")
+    assert "Primary job" in text  # mpirun's own words follow
+    # A plain failure code names nothing it does not know.
+    assert mpirun.Result(3, None, None, {}, []).describe() == "mpirun exited with exit code 3"
+
+
 def test_mpirun_missing():
     empty = os.path.dirname(os.path.abspath(__file__))  # a directory without mpirun
     r = subprocess.run(HVDRUN + ["-np", "2", "true"], capture_output=True, text=True,
