@@ -17,7 +17,7 @@ import time
 import torch
 
 import horovod_cpp.torch as hvd
-from horovod_cpp.torch import mpi_ops
+from horovod_cpp.torch import basics
 
 
 def lone_allreduce_us(x, reps):
@@ -35,13 +35,13 @@ def capture_us(reps):
     def inner():
         start = time.perf_counter()
         for _ in range(reps):
-            mpi_ops._core.call_site()
+            basics._core.call_site()
         return (time.perf_counter() - start) * 1e6 / reps
-    inner.__code__ = inner.__code__.replace(co_filename=mpi_ops.__file__)
+    inner.__code__ = inner.__code__.replace(co_filename=basics.__file__)
 
     def middle():
         return inner()
-    middle.__code__ = middle.__code__.replace(co_filename=mpi_ops.__file__)
+    middle.__code__ = middle.__code__.replace(co_filename=basics.__file__)
     return middle()
 
 
@@ -56,9 +56,9 @@ def main():
     on, off = [], []
     for block in range(args.blocks):
         for enabled in ((True, False) if block % 2 == 0 else (False, True)):
-            mpi_ops._core.set_call_sites(enabled)
+            basics._core.set_call_sites(enabled)
             (on if enabled else off).extend(lone_allreduce_us(x, args.reps))
-    mpi_ops._core.set_call_sites(True)
+    basics._core.set_call_sites(True)
     capture = sorted(capture_us(20000) for _ in range(5))
     if hvd.rank() == 0:
         p50_on, p50_off = statistics.median(on), statistics.median(off)

@@ -9,26 +9,26 @@
 
 Run with ``mpirun -np N python train.py``.
 """
+from horovod_cpp.torch.basics import (Adasum, Average, HorovodInternalError,
+                                      HorovodNotSupportedError, HorovodPreconditionError, Max,
+                                      Min, Product, Sum, ccl_built, cross_rank, cross_size,
+                                      cuda_built, ddl_built, gloo_built, gloo_enabled, init,
+                                      is_initialized, local_rank, local_size, mpi_built,
+                                      mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                                      rocm_built, shutdown, size, start_timeline, stop_timeline)
+from horovod_cpp.torch.collectives import (allgather, allgather_async, allreduce, allreduce_,
+                                           allreduce_async, allreduce_async_, alltoall,
+                                           alltoall_async, barrier, broadcast, broadcast_,
+                                           broadcast_async, broadcast_async_, grouped_allgather,
+                                           grouped_allgather_async, grouped_allreduce,
+                                           grouped_allreduce_, grouped_allreduce_async,
+                                           grouped_allreduce_async_, grouped_reducescatter,
+                                           grouped_reducescatter_async, join, reducescatter,
+                                           reducescatter_async, sparse_allreduce_async)
 from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.functions import (allgather_object, broadcast_object,
                                          broadcast_optimizer_state, broadcast_parameters)
-from horovod_cpp.torch.mpi_ops import (Adasum, Average, HorovodInternalError,
-                                       HorovodNotSupportedError, HorovodPreconditionError, Max,
-                                       Min, Product,
-                                       Sum, allgather, allgather_async, allreduce, allreduce_,
-                                       allreduce_async, allreduce_async_, alltoall,
-                                       alltoall_async, barrier, broadcast, broadcast_,
-                                       broadcast_async, broadcast_async_, ccl_built, cross_rank,
-                                       cross_size, cuda_built, ddl_built, gloo_built,
-                                       gloo_enabled, grouped_allgather, grouped_allgather_async,
-                                       grouped_allreduce, grouped_allreduce_,
-                                       grouped_allreduce_async, grouped_allreduce_async_,
-                                       grouped_reducescatter, grouped_reducescatter_async, init,
-                                       is_initialized, join, local_rank, local_size, mpi_built,
-                                       mpi_enabled, mpi_threads_supported, nccl_built, poll, rank,
-                                       reducescatter, reducescatter_async, rocm_built, shutdown,
-                                       size, sparse_allreduce_async, start_timeline,
-                                       stop_timeline, synchronize)
+from horovod_cpp.torch.tensor_bridge import poll, synchronize
 from horovod_cpp.torch.optimizer import DistributedOptimizer
 from horovod_cpp.torch.sharded import ShardedOptimizer
 from horovod_cpp.torch.sharded_model import shard_model, sharding_of

@@ -5,9 +5,10 @@ import io
 import cloudpickle
 import torch
 
-from horovod_cpp.torch.mpi_ops import (allgather, broadcast_, broadcast_async_, rank,
-                                       synchronize)
+from horovod_cpp.torch.basics import rank
+from horovod_cpp.torch.collectives import allgather, broadcast_, broadcast_async_
 from horovod_cpp.torch.process_sets import global_process_set
+from horovod_cpp.torch.tensor_bridge import synchronize
 
 
 def broadcast_parameters(params, root_rank, process_set=global_process_set):

@@ -22,11 +22,12 @@ import torch
 
 from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.functions import broadcast_object
-from horovod_cpp.torch.mpi_ops import (Adasum, Average, allreduce_async_,
-                                       grouped_allreduce_async_, rank, size,
-                                       sparse_allreduce_async, synchronize)
-from horovod_cpp.torch.powersgd import _LowRankReduction, start_q_reductions
+from horovod_cpp.torch.basics import Adasum, Average, size
+from horovod_cpp.torch.collectives import (allreduce_async_, grouped_allreduce_async_,
+                                           sparse_allreduce_async)
+from horovod_cpp.torch.compression.powersgd import LowRankReduction, start_q_reductions
 from horovod_cpp.torch.process_sets import global_process_set
+from horovod_cpp.torch.tensor_bridge import synchronize
 
 # PyTorch 2.1+: a hook on the parameter that runs once its .grad has been accumulated.
 _POST_ACCUMULATE_GRAD_HOOK = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
@@ -322,9 +323,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # Every compressed gradient's Q allreduce starts, in one group, before any is
             # waited for.
             start_q_reductions([handle for handle, _ in self._handles.values()
-                                if isinstance(handle, _LowRankReduction)])
+                                if isinstance(handle, LowRankReduction)])
         for p, (handle, ctx) in self._handles.items():
-            if isinstance(handle, _LowRankReduction):
+            if isinstance(handle, LowRankReduction):
                 output = handle.finish()
                 self._allreduce_delay[p] = self.backward_passes_per_step
                 if output is not p.grad:  # a new tensor (or a dense copy of a sparse one)

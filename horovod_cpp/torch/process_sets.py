@@ -55,7 +55,7 @@ global_process_set = ProcessSet(None)
 global_process_set.process_set_id = 0
 
 
-def _registered(process_sets):
+def register_process_sets(process_sets):
     """Assigns ids 1, 2, ... to the sets passed to init, in order (as the core does)."""
     for i, ps in enumerate(process_sets):
         ps.process_set_id = i + 1

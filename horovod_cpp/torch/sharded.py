@@ -41,11 +41,11 @@ import torch
 
 from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.functions import allgather_object
-from horovod_cpp.torch.mpi_ops import (Average, HorovodNotSupportedError, Max, Sum,
-                                       allgather, allgather_async, allreduce,
-                                       allreduce_async_,
-                                       alltoall, grouped_allgather, poll, reducescatter_async,
-                                       synchronize)
+from horovod_cpp.torch.basics import Average, HorovodNotSupportedError, Max, Sum
+from horovod_cpp.torch.collectives import (allgather, allgather_async, allreduce,
+                                           allreduce_async_, alltoall, grouped_allgather,
+                                           reducescatter_async)
+from horovod_cpp.torch.tensor_bridge import poll, synchronize
 from horovod_cpp.torch.optimizer import _POST_ACCUMULATE_GRAD_HOOK
 from horovod_cpp.torch.process_sets import global_process_set
 

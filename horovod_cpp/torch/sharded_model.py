@@ -35,9 +35,9 @@ import contextlib
 
 import torch
 
-from horovod_cpp.torch.mpi_ops import (Average, HorovodNotSupportedError, Sum, allgather,
-                                       allgather_async, poll, reducescatter_async,
-                                       synchronize)
+from horovod_cpp.torch.basics import Average, HorovodNotSupportedError, Sum
+from horovod_cpp.torch.collectives import allgather, allgather_async, reducescatter_async
+from horovod_cpp.torch.tensor_bridge import poll, synchronize
 from horovod_cpp.torch.process_sets import global_process_set
 from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.functions import allgather_object

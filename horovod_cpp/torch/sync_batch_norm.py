@@ -3,7 +3,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from horovod_cpp.torch.mpi_ops import Sum, allreduce, size
+from horovod_cpp.torch.basics import Sum, size
+from horovod_cpp.torch.collectives import allreduce
 from horovod_cpp.torch.process_sets import global_process_set
 
 

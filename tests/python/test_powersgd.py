@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import horovod_cpp.torch as hvd
-from horovod_cpp.torch.powersgd import low_rank_product, q_seed
+from horovod_cpp.torch.compression.powersgd import low_rank_product, q_seed
 from conftest import same_on_every_rank
 
 

@@ -19,10 +19,11 @@ raises HostsUpdatedInterrupt on every rank and the job re-forms with them.
 """
 import functools
 
-from horovod_cpp.elastic import HostsUpdatedInterrupt
+from horovod_cpp.elastic import HostsUpdatedInterrupt, worker
+from horovod_cpp.torch import basics
+from horovod_cpp.torch.basics import HorovodInternalError
 from horovod_cpp.torch.elastic.sampler import ElasticSampler
 from horovod_cpp.torch.elastic.state import ObjectState, State, TorchState
-from horovod_cpp.torch.mpi_ops import HorovodInternalError
 
 __all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler",
            "HostsUpdatedInterrupt", "HorovodInternalError"]
@@ -34,8 +35,6 @@ def run(func):
     re-forms (hvd.shutdown, the driver's next round, hvd.init), the state is synced from rank
     0 (unless the interrupt says it need not be), the reset callbacks run, and ``func`` is
     called again. Returns ``func``'s value."""
-    from horovod_cpp.elastic import worker
-    from horovod_cpp.torch import mpi_ops
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
@@ -56,7 +55,7 @@ def run(func):
                 skip_sync = e.skip_sync
                 why = "hosts updated"
             worker().request_reset(why)
-            mpi_ops.shutdown()
-            mpi_ops.init()
+            basics.shutdown()
+            basics.init()
             state.on_reset()
     return wrapper

@@ -5,7 +5,7 @@ import random
 
 import torch.utils.data
 
-from horovod_cpp.torch.mpi_ops import rank, size
+from horovod_cpp.torch.basics import rank, size
 
 
 class ElasticSampler(torch.utils.data.Sampler):

@@ -4,7 +4,7 @@ import copy
 from horovod_cpp.elastic import HostsUpdatedInterrupt, enabled, worker
 from horovod_cpp.torch.functions import (broadcast_object, broadcast_optimizer_state,
                                          broadcast_parameters)
-from horovod_cpp.torch.mpi_ops import rank
+from horovod_cpp.torch.basics import rank
 
 
 class State(object):

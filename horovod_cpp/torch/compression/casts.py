@@ -1,4 +1,5 @@
-"""Gradient compression algorithms (as horovod.torch.compression)."""
+"""The cast codecs: tensors travel as they are (``NoneCompressor``), or their floating-point
+values as float16 / bfloat16 and back (as Horovod's ``Compression.fp16``)."""
 import torch
 
 
@@ -28,7 +29,7 @@ class NoneCompressor(Compressor):
         return tensor
 
 
-class _CastCompressor(Compressor):
+class CastCompressor(Compressor):
     """Floating-point tensors travel as ``wire_dtype`` and come back in their own dtype; other
     tensors travel as they are."""
     wire_dtype = None
@@ -68,29 +69,12 @@ class _CastCompressor(Compressor):
             out.copy_(tensor)
 
 
-class FP16Compressor(_CastCompressor):
+class FP16Compressor(CastCompressor):
     """Floating-point tensors travel as float16 and come back in their own dtype."""
     wire_dtype = torch.float16
 
 
-class BF16Compressor(_CastCompressor):
+class BF16Compressor(CastCompressor):
     """Floating-point tensors travel as bfloat16 (float32's range, 8 bits of mantissa: no
     overflow where float16 would need a loss scale) and come back in their own dtype."""
     wire_dtype = torch.bfloat16
-
-
-def _powersgd(**kwargs):
-    """PowerSGD low-rank compression of an optimizer's gradients (horovod_cpp.torch.powersgd):
-    ``DistributedOptimizer(opt, compression=Compression.powersgd(matrix_approximation_rank=2,
-    start_powerSGD_iter=10))``. One instance per optimizer (it keeps state per gradient)."""
-    from horovod_cpp.torch.powersgd import PowerSGD
-    return PowerSGD(**kwargs)
-
-
-class Compression:
-    """The compression algorithms to choose from: ``Compression.none``, ``Compression.fp16``,
-    ``Compression.bf16``, and for DistributedOptimizer ``Compression.powersgd(...)``."""
-    none = NoneCompressor
-    fp16 = FP16Compressor
-    bf16 = BF16Compressor
-    powersgd = staticmethod(_powersgd)

@@ -1,0 +1,194 @@
+"""The bridge between torch tensors and ``horovod_cpp._core``: a tensor travels to the core as
+(data pointer, dtype code, shape, device, stream), and this module keeps it alive in
+``_handle_map`` until its operation's handle is synchronized, so the extension never links
+PyTorch. Also the operations' names (``allreduce.<name>`` or ``allreduce.noname.<n>``), the
+checks every collective makes of its tensors and arguments, and ``poll``/``synchronize``.
+"""
+import threading
+import warnings
+
+import torch
+
+from horovod_cpp.torch.basics import (Adasum, Average, Max, Min, Product, Sum, _core,
+                                      add_lifecycle_hooks)
+from horovod_cpp.torch.process_sets import ProcessSet
+
+_CODES = _core.DTYPES
+TORCH_TO_CODE = {
+    torch.uint8: _CODES["uint8"],
+    torch.int8: _CODES["int8"],
+    torch.int16: _CODES["int16"],
+    torch.int32: _CODES["int32"],
+    torch.int64: _CODES["int64"],
+    torch.float16: _CODES["float16"],
+    torch.bfloat16: _CODES["bfloat16"],
+    torch.float32: _CODES["float32"],
+    torch.float64: _CODES["float64"],
+    torch.bool: _CODES["bool"],
+}
+CODE_TO_TORCH = {code: dtype for dtype, code in TORCH_TO_CODE.items()}
+CPU_DEVICE = _core.CPU_DEVICE
+
+# handle -> (kind, objects to keep alive, what synchronize returns, CUDA device or None).
+# Setting and popping one key are atomic under the GIL, so the map needs no lock of its own.
+_handle_map = {}
+_noname = {}
+_noname_lock = threading.Lock()
+
+
+def _restart_names():
+    # Every rank starts again together: default names restart with the runtime, so a call
+    # that failed on one rank while it was down cannot shift that rank's sequence.
+    with _noname_lock:
+        _noname.clear()
+
+
+add_lifecycle_hooks(on_start=_restart_names, on_shutdown=_handle_map.clear)
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+def op_name(prefix, name):
+    """``<prefix>.<name>``, or ``<prefix>.noname.<n>`` numbered per process."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError("%s: name must be a str or None, got %s" % (prefix, type(name).__name__))
+    if name is not None:
+        return "%s.%s" % (prefix, name)
+    with _noname_lock:
+        n = _noname.get(prefix, 0)
+        _noname[prefix] = n + 1
+    return "%s.noname.%d" % (prefix, n)
+
+
+def _supported(allow_bool):
+    return ", ".join(str(t) for t in TORCH_TO_CODE if allow_bool or t != torch.bool)
+
+
+def check_tensor(tensor, op, allow_bool=False):
+    if not torch.is_tensor(tensor):
+        raise TypeError("%s expects a torch.Tensor, got %s" % (op, type(tensor).__name__))
+    if tensor.is_sparse:
+        raise ValueError("%s does not take sparse tensors (use sparse_allreduce_async, or "
+                         "sparse_as_dense=True in DistributedOptimizer)" % op)
+    if tensor.dtype not in TORCH_TO_CODE or (tensor.dtype == torch.bool and not allow_bool):
+        raise ValueError("Tensor type %s is not supported by %s; supported types: %s"
+                         % (tensor.dtype, op, _supported(allow_bool)))
+
+
+def describe(tensor):
+    """(data_ptr, dtype code, shape, device, stream) for the core. A CUDA tensor travels with
+    the current stream of its device: the core's stream waits for it there."""
+    # The hot path of every op: is_cpu costs a tenth of device.type, and the core takes the
+    # torch.Size (a tuple) as it is.
+    if tensor.is_cpu:
+        return (tensor.data_ptr(), TORCH_TO_CODE[tensor.dtype], tensor.shape, CPU_DEVICE, 0)
+    if tensor.is_cuda:
+        device = tensor.device
+        return (tensor.data_ptr(), TORCH_TO_CODE[tensor.dtype], tensor.shape, device.index,
+                torch.cuda.current_stream(device).cuda_stream)
+    raise ValueError("tensors on %s are not supported" % tensor.device)
+
+
+def cuda_device_of(objects):
+    """The device of the first CUDA tensor among ``objects`` (nested one level), or None when
+    they are CPU tensors."""
+    for obj in objects:
+        for t in (obj if isinstance(obj, (list, tuple)) else [obj]):
+            if isinstance(t, torch.Tensor) and t.is_cuda:
+                return t.device
+    return None
+
+
+def in_place_target(tensor, op):
+    if not tensor.is_contiguous():
+        raise ValueError("%s: the tensor is not contiguous, so it cannot be updated in place; "
+                         "call .contiguous() first (or use the out-of-place op)" % op)
+    return tensor
+
+
+_UNKNOWN = object()
+
+
+def register(handle, kind, keep_alive, result, device=_UNKNOWN):
+    if device is _UNKNOWN:
+        device = cuda_device_of(keep_alive if isinstance(keep_alive, (list, tuple))
+                                 else [keep_alive])
+    _handle_map[handle] = (kind, keep_alive, result, device)
+    return handle
+
+
+def process_set_id(process_set):
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError("process_set must be an hvd.ProcessSet, got %r" % (process_set,))
+    if process_set.process_set_id is None:
+        raise ValueError("%r has not been registered (hvd.init(process_sets=...) or "
+                         "hvd.add_process_set)" % (process_set,))
+    return process_set.process_set_id
+
+
+def handle_average_backwards_compatibility(op, average):
+    """``op`` wins; ``average`` (deprecated) maps to Average/Sum; both at once is an error."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+        check_supported_op(op)
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in "
+                      "v1.0", DeprecationWarning)
+        return Average if average else Sum
+    return Average
+
+
+def check_supported_op(op):
+    if op not in (Average, Sum, Adasum, Min, Max, Product):
+        raise ValueError("unknown reduction op %r; use hvd.Average, Sum, Adasum, Min, Max or "
+                         "Product" % (op,))
+
+
+def tensor_from_output(buffer, code, shape, device=None):
+    dtype = CODE_TO_TORCH[code]
+    if isinstance(buffer, _core.DeviceBuffer):  # CUDA memory owned by the core
+        t = torch.as_tensor(buffer, device=device)
+        return t.view(dtype) if t.dtype != dtype else t
+    if device is not None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if buffer is None or len(buffer) == 0:
+        return torch.empty(shape, dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "buffer is not writable": it is, the warning is generic
+        return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+def poll(handle):
+    """True once the operation behind ``handle`` has completed (does not release it)."""
+    return _core.poll(handle)
+
+
+def synchronize(handle):
+    """Waits for ``handle`` and returns the operation's output (a tuple (output,
+    received_splits) for alltoall). Returns None for a handle that is not known. Raises
+    HorovodInternalError if the operation failed (on every rank, for cross-rank problems)."""
+    entry = _handle_map.pop(handle, None)
+    if entry is None:
+        return None
+    kind, _keep_alive, result, device = entry
+    if device is not None:
+        # CUDA: the handle completes once the work is enqueued; the current stream (not this
+        # thread) waits for it.
+        raw = _core.wait_outputs(handle, torch.cuda.current_stream(device).cuda_stream)
+    elif kind in ("single", "group"):
+        _core.wait(handle)
+        return result
+    else:
+        raw = _core.wait_outputs(handle)  # [(buffer, dtype code, shape, received splits, value)]
+    if kind in ("single", "group"):
+        return result
+    outputs = [tensor_from_output(buf, code, shape, device) for buf, code, shape, _, _ in raw]
+    if kind == "adasum":
+        return result(outputs)
+    if kind == "outputs":
+        return outputs[0]
+    if kind == "outputs_list":
+        return outputs
+    return outputs[0], torch.tensor(raw[0][3], dtype=torch.int32)  # alltoall
