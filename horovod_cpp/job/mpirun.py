@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 
+from horovod_cpp._build import import_core
 from horovod_cpp.job import proc
 from horovod_cpp.job.hosts import hosts_arg
 
@@ -80,8 +81,7 @@ _KNOBS = []
 def knobs():
     """hvdrun's knob flags, one per knob of the core's table that declares a flag."""
     if not _KNOBS:
-        from horovod_cpp import _import_core
-        _KNOBS.extend(_flag_of(spec) for spec in _import_core().knobs() if spec["flag"])
+        _KNOBS.extend(_flag_of(spec) for spec in import_core().knobs() if spec["flag"])
     return tuple(_KNOBS)
 
 
@@ -338,9 +338,9 @@ class Result(object):
 
 
 def own_session_dir(argv, env=None):
-    """(argv, directory): ``argv`` with an Open MPI session directory base of this job's own on
-    this host (a new directory, which the caller removes once mpirun has ended), or (argv, None)
-    where the argv already chooses one.
+    """(argv, directory): ``argv`` with an Open MPI session directory base of this job's own (a
+    new directory, which the caller removes once mpirun has ended), or (argv, None) where the
+    argv or the environment already chooses a local or remote one.
 
     Open MPI 4.1 keeps one directory per host and user (ompi.<host>.<uid>) under the temporary
     directory, made by each mpirun as it starts and removed by each as it ends when empty: one
@@ -348,16 +348,20 @@ def own_session_dir(argv, env=None):
     ("A call to mkdir was unable to create the desired directory ... File exists"). Two jobs
     started together on one machine hit it (2 mpiruns in 200, 20 at a time, here). The new
     directory is made where Open MPI would have made its own: below the
-    OMPI_MCA_orte_local_tmpdir_base or OMPI_MCA_orte_tmpdir_base of ``env`` (default
-    os.environ) where set, else TMPDIR (or /tmp)."""
+    OMPI_MCA_orte_tmpdir_base of ``env`` (default os.environ) where set, else TMPDIR (or /tmp).
+    It is the global base (orte_tmpdir_base): with only the local one (orte_local_tmpdir_base)
+    every MPI rank refuses to start, as mpirun also hands its ranks the global one. Daemons on
+    other hosts make the same path there and leave it empty when the job ends."""
     if any("tmpdir_base" in a for a in argv):
         return list(argv), None
     env = os.environ if env is None else env
-    base = env.get("OMPI_MCA_orte_local_tmpdir_base") or env.get("OMPI_MCA_orte_tmpdir_base")
+    if env.get("OMPI_MCA_orte_local_tmpdir_base") or env.get("OMPI_MCA_orte_remote_tmpdir_base"):
+        return list(argv), None
+    base = env.get("OMPI_MCA_orte_tmpdir_base")
     if base:
         os.makedirs(base, exist_ok=True)
     path = tempfile.mkdtemp(prefix="hvd-mpi.", dir=base or None)
-    return [argv[0], "-mca", "orte_local_tmpdir_base", path] + list(argv[1:]), path
+    return [argv[0], "-mca", "orte_tmpdir_base", path] + list(argv[1:]), path
 
 
 class Launch(object):

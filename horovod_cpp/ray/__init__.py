@@ -33,13 +33,11 @@ max_workers=...)`` (horovod_cpp/ray/elastic.py).
 """
 import os
 import socket
-import traceback
 from dataclasses import dataclass
 
-from horovod_cpp.elastic import WorkerRemoved
-from horovod_cpp.job import network
 from horovod_cpp.job.rendezvous import RendezvousServer, new_secret
 from horovod_cpp.job.service import HorovodRunnerError, RankError, check_positive_ints
+from horovod_cpp.ray.common import facing_address, outcome
 
 
 @dataclass
@@ -78,34 +76,13 @@ class _Worker(object):
         # Each run meets under a rendezvous scope of its own: a run that failed on some ranks
         # leaves no state that the next run could trip over.
         os.environ["HOROVOD_GLOO_SCOPE"] = "ray/run%d" % run_id
-        return _outcome(call)
+        return outcome(call)
 
     def run(self, run_id, fn, args, kwargs):
         return self._scoped(run_id, lambda: fn(*(args or ()), **(kwargs or {})))
 
     def execute(self, run_id, fn):
         return self._scoped(run_id, lambda: fn(self._executable))
-
-
-def _outcome(call):
-    """("ok", call()), or ("error", (type name, message, traceback, the exception if it
-    pickles)) when it raises, or ("removed", None) for an elastic worker that the driver let
-    go (not an error): what a worker sends back."""
-    try:
-        return ("ok", call())
-    except WorkerRemoved:
-        return ("removed", None)
-    except BaseException as e:  # sent back with its traceback
-        return ("error", (type(e).__name__, str(e), traceback.format_exc(), _picklable(e)))
-
-
-def _picklable(exc):
-    try:
-        import cloudpickle
-        cloudpickle.loads(cloudpickle.dumps(exc))
-        return exc
-    except Exception:
-        return None
 
 
 def _layout(places):
@@ -249,7 +226,7 @@ class RayExecutor(object):
             layout = _layout([ip for ip, _, _ in where])
             self.workers = [workers[worker] for worker, *_ in layout]
             self._where = [where[worker] for worker, *_ in layout]
-            secret, address = new_secret(), _facing_address([ip for ip, _, _ in where])
+            secret, address = new_secret(), facing_address([ip for ip, _, _ in where])
             self._server = RendezvousServer(secret, bind=address)
             env = {"HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
                    "HOROVOD_SIZE": str(self.num_workers),
@@ -400,15 +377,6 @@ class RayExecutor(object):
 def _describe(resources, times=1):
     return ", ".join("%s %g" % (k, v / times) for k, v in sorted(resources.items())
                      if k in ("CPU", "GPU") or not k.startswith("node:"))
-
-
-def _facing_address(node_ips):
-    """The driver's address the workers' nodes reach: loopback when they are all on this
-    node, else this node's address on the route to one of them."""
-    import ray
-    mine = ray.util.get_node_ip_address()
-    others = [ip for ip in node_ips if ip != mine]
-    return network.source_address(others[0]) if others else mine
 
 
 from horovod_cpp.ray.elastic import ElasticRayExecutor, ElasticSettings  # noqa: E402

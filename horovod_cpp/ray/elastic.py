@@ -32,6 +32,7 @@ import os
 from dataclasses import dataclass
 
 from horovod_cpp.job.service import HorovodRunnerError, RankError, check_positive_ints
+from horovod_cpp.ray.common import facing_address, outcome
 
 # How long a node where one of our workers died gets no new worker (the head's health checks
 # take ~15-30 s to declare a killed node dead; a node that is fine gets workers again after it).
@@ -61,9 +62,8 @@ class _ElasticWorker(object):
     def run(self, env, fn, args, kwargs):
         os.environ.update(env)
         from horovod_cpp import elastic
-        from horovod_cpp.ray import _outcome
         elastic.in_launcher_process = True
-        return _outcome(lambda: fn(*(args or ()), **(kwargs or {})))
+        return outcome(lambda: fn(*(args or ()), **(kwargs or {})))
 
 
 class _ActorProcess(object):
@@ -215,7 +215,6 @@ class ElasticRayExecutor(object):
         round's ranks, in rank order. ``callbacks`` are accepted and not called (as
         RayExecutor's)."""
         from horovod_cpp.job.elastic_driver import ElasticDriver, ElasticError
-        from horovod_cpp.ray import _facing_address
 
         if not self._started:
             raise RuntimeError("ElasticRayExecutor: start() first")
@@ -234,7 +233,7 @@ class ElasticRayExecutor(object):
             ["ray"], min(slots, max_np), s.min_np, max_np, elastic_timeout=s.elastic_timeout,
             reset_limit=s.reset_limit, cooldown_range=s.cooldown_range, log=self._log,
             discover=job.discover, spawn=job.spawn, hostname=job.hostname, lost=job.lost,
-            address=_facing_address([ip for _, ip in job.nodes.values()]),
+            address=facing_address([ip for _, ip in job.nodes.values()]),
             stop=_ActorProcess.stop)
         self.history = driver.history  # (the rounds as they form, for whoever watches)
         try:

@@ -13,7 +13,7 @@ import os
 import shlex
 import sys
 
-import horovod_cpp
+from horovod_cpp._build import __version__, import_core
 from horovod_cpp.job import mpirun
 from horovod_cpp.job.hosts import HostError, parse_hostfile, parse_hosts
 
@@ -37,7 +37,7 @@ def _parser():
     p.add_argument("-np", "--num-proc", dest="np", type=int, metavar="N",
                    help="number of ranks (required to run a command)")
     p.add_argument("--version", action="version",
-                   version="hvdrun (horovod_cpp) %s" % horovod_cpp.__version__,
+                   version="hvdrun (horovod_cpp) %s" % __version__,
                    help="print the version and exit")
     p.add_argument("-cb", "--check-build", action="store_true",
                    help="print what this horovod_cpp was built with (frameworks, controllers, "
@@ -131,7 +131,7 @@ def check_build():
     def box(on):
         return "[X]" if on else "[ ]"
     try:
-        from horovod_cpp import _core
+        _core = import_core()
         nccl, gloo = _core.nccl_built(), _core.gloo_built()
         core = "horovod_cpp._core"
     except ImportError as e:
@@ -140,7 +140,7 @@ def check_build():
     libtorch_api = ctypes.util.find_library("horovod_cpp_torch") is not None
     nccl_text = "NCCL %d.%d.%d" % (nccl // 10000, nccl // 100 % 100, nccl % 100) if nccl else "NCCL"
     return "\n".join([
-        "horovod_cpp v%s (%s):" % (horovod_cpp.__version__, core),
+        "horovod_cpp v%s (%s):" % (__version__, core),
         "",
         "Available Frameworks:",
         "    [ ] TensorFlow",

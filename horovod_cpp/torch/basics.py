@@ -9,16 +9,16 @@ import warnings
 
 import torch
 
-import horovod_cpp
+from horovod_cpp._build import import_core
 from horovod_cpp import elastic
 from horovod_cpp.torch.process_sets import ProcessSet, global_process_set, register_process_sets
 
-_core = horovod_cpp._import_core()
+_core = import_core()
 # Error messages about a collective name the caller's file:line, the first frame outside
-# horovod_cpp and torch (a gradient's allreduce: the user's `loss.backward()`).
+# horovod_cpp (the directory of its _core) and torch (a gradient's allreduce: the user's `loss.backward()`).
 _core.set_call_site_skip(sorted({
     os.path.join(f(os.path.dirname(module.__file__)), "")
-    for module in (horovod_cpp, torch) for f in (os.path.abspath, os.path.realpath)}))
+    for module in (_core, torch) for f in (os.path.abspath, os.path.realpath)}))
 
 HorovodInternalError = _core.HorovodInternalError
 HorovodPreconditionError = _core.HorovodPreconditionError

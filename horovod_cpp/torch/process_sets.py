@@ -1,8 +1,8 @@
 """Process sets, as in horovod.torch: ``ProcessSet``, ``global_process_set``,
 ``add_process_set`` and ``remove_process_set``."""
-import horovod_cpp
+from horovod_cpp._build import import_core
 
-_core = horovod_cpp._import_core()
+_core = import_core()
 
 
 class ProcessSet:

@@ -360,12 +360,23 @@ class ShardedOptimizer(_ElasticShards, torch.optim.Optimizer):
     (dicts whose ``params`` are either). ``defaults`` go to ``optimizer_class``.
     """
 
+    # stage -> the subclass that implements it, registered by the module that defines it
+    # (stage 3: sharded_model's FullyShardedOptimizer), so this module names none above it.
+    _stages = {}
+
+    @classmethod
+    def register_stage(cls, stage):
+        """A class decorator: ``ShardedOptimizer(..., stage=stage)`` constructs the class."""
+        def register(subclass):
+            cls._stages[stage] = subclass
+            return subclass
+        return register
+
     def __new__(cls, params=None, optimizer_class=None, stage=2, *args, **kwargs):
-        if stage == 3 and cls is ShardedOptimizer:
+        if cls is ShardedOptimizer and stage in cls._stages:
             # Stage 3 steps the slices of a model given to hvd.shard_model (a subclass: its
             # __init__ runs next).
-            from horovod_cpp.torch.sharded_model import FullyShardedOptimizer
-            return super().__new__(FullyShardedOptimizer)
+            return super().__new__(cls._stages[stage])
         return super().__new__(cls)
 
     def __init__(self, params, optimizer_class, stage=2, process_set=global_process_set,

@@ -669,6 +669,7 @@ class _Piece(object):
         self.tensor = torch.nn.Parameter(flat.shard[self.lo:self.hi]) if lo < hi else None
 
 
+@ShardedOptimizer.register_stage(3)
 class FullyShardedOptimizer(ShardedOptimizer):
     """``ShardedOptimizer(params, optimizer_class, stage=3, **defaults)`` over the parameters
     of a model given to ``shard_model``: the wrapped optimizer steps, for each parameter, the

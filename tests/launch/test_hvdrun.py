@@ -259,11 +259,13 @@ def test_each_job_has_a_session_directory_of_its_own(tmp_path):
     argv, path = mpirun.own_session_dir(["/usr/bin/mpirun", "-np", "2", "true"],
                                         {"OMPI_MCA_orte_tmpdir_base": str(base)})
     assert os.path.dirname(path) == str(base) and os.path.isdir(path)
-    assert argv == ["/usr/bin/mpirun", "-mca", "orte_local_tmpdir_base", path, "-np", "2",
-                    "true"]
-    # The user's own choice stands.
+    assert argv == ["/usr/bin/mpirun", "-mca", "orte_tmpdir_base", path, "-np", "2", "true"]
+    # The user's own choice stands (Open MPI takes a local or remote base, or the global one).
+    plain = ["mpirun", "-np", "2", "true"]
     chosen = ["mpirun", "-mca", "orte_tmpdir_base", "/scratch", "-np", "2", "true"]
     assert mpirun.own_session_dir(chosen, {}) == (chosen, None)
+    assert mpirun.own_session_dir(plain, {"OMPI_MCA_orte_local_tmpdir_base": "/s"}) == (plain,
+                                                                                      None)
 
 
 def test_jobs_started_together_do_not_race_for_open_mpis_session_directory(tmp_path):

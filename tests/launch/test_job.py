@@ -147,3 +147,130 @@ def test_the_runners_stand_on_job_and_none_imports_another():
                     "%s/%s uses %s" % (layer, name, module)
             checked += 1
     assert checked >= 20
+
+
+# ---- the package's import order (read from the source, not run) ---------------------------------
+
+def _package_modules():
+    """{dotted name: path} of every module of the installed horovod_cpp, plus its compiled
+    extension (a leaf)."""
+    root = horovod_cpp.__path__[0]
+    modules = {"horovod_cpp._core": None}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py"):
+                parts = os.path.relpath(os.path.join(folder, name[:-3]), root).split(os.sep)
+                if parts[-1] == "__init__":
+                    parts = parts[:-1]
+                modules[".".join(["horovod_cpp"] + parts)] = os.path.join(folder, name)
+    return modules
+
+
+def _imports(name, path, modules):
+    """[(module of horovod_cpp imported, at function level?, line)] of one module; ``from P
+    import x`` counts as P.x where that is a module, else as P."""
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    package = name.split(".") if path.endswith("__init__.py") else name.split(".")[:-1]
+    found = []
+
+    def visit(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                      ast.Lambda))
+            if isinstance(child, ast.Import):
+                found.extend((a.name, inner, child.lineno) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    base = ".".join(package[:len(package) - child.level + 1] +
+                                    ([base] if base else []))
+                for a in child.names:
+                    full = base + "." + a.name
+                    found.append((full if full in modules else base, inner, child.lineno))
+            visit(child, inner)
+
+    visit(tree, False)
+    return [(m, inner, line) for m, inner, line in found if m in modules and m != name]
+
+
+def _import_graph():
+    modules = _package_modules()
+    return {m: _imports(m, p, modules) if p else [] for m, p in modules.items()}
+
+
+def _circles(graph):
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def connect(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w, _, _ in graph[v]:
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return out
+
+
+def test_no_import_circle_in_the_package():
+    """Module-level and function-level imports together: a function-level import that closes a
+    circle only hides it (those for optional packages, pyspark, ray, stay allowed)."""
+    graph = _import_graph()
+    assert len(graph) >= 40
+    problems = []
+    for component in _circles(graph):
+        hiding = sorted({"%s:%d -> %s" % (m, line, target) for m in component
+                         for target, inner, line in graph[m] if target in component and inner})
+        problems.append("circle among %s; imports in functions that close it: %s"
+                        % (", ".join(sorted(component)), "; ".join(hiding) or "none"))
+    assert not problems, "\n".join(problems)
+
+
+# horovod_cpp.torch, lowest first: a module imports only from its own layer or lower ones (the
+# collectives never name compression, sharding or the optimizers). A new module is placed here.
+TORCH_LAYERS = [
+    ["process_sets"],
+    ["basics"],
+    ["tensor_bridge"],
+    ["adasum"],
+    ["collectives"],
+    ["functions", "sync_batch_norm"],
+    ["compression", "compression.casts", "compression.powersgd"],
+    ["optimizer"],
+    ["sharded", "sharded_model"],
+    ["elastic", "elastic.sampler", "elastic.state"],
+    ["", "mpi_ops", "powersgd"],  # the face, and the old paths kept for one release
+]
+
+
+def test_the_torch_modules_import_only_downwards():
+    graph = _import_graph()
+    layer_of = {("horovod_cpp.torch." + m).rstrip("."): i
+                for i, names in enumerate(TORCH_LAYERS) for m in names}
+    torch_modules = {m for m in graph if m == "horovod_cpp.torch" or
+                     m.startswith("horovod_cpp.torch.")}
+    assert torch_modules == set(layer_of), \
+        "place these in TORCH_LAYERS: %s" % sorted(torch_modules ^ set(layer_of))
+    upward = ["%s:%d imports %s" % (m, line, target)
+              for m in sorted(torch_modules) for target, _, line in graph[m]
+              if target in layer_of and layer_of[target] > layer_of[m]]
+    assert not upward, upward
+
