@@ -352,8 +352,9 @@ def own_session_dir(argv, env=None):
     It is the global base (orte_tmpdir_base): with only the local one (orte_local_tmpdir_base)
     every MPI rank refuses to start, as mpirun also hands its ranks the global one. Daemons on
     other hosts make the same path there and leave it empty when the job ends."""
-    if any("tmpdir_base" in a for a in argv):
-        return list(argv), None
+    if (os.path.basename(argv[0]) not in ("mpirun", "mpiexec", "orterun")
+            or any("tmpdir_base" in a for a in argv)):
+        return list(argv), None  # not mpirun (runner.run starts hvdrun, which calls this)
     env = os.environ if env is None else env
     if env.get("OMPI_MCA_orte_local_tmpdir_base") or env.get("OMPI_MCA_orte_remote_tmpdir_base"):
         return list(argv), None

@@ -264,6 +264,8 @@ def test_each_job_has_a_session_directory_of_its_own(tmp_path):
     plain = ["mpirun", "-np", "2", "true"]
     chosen = ["mpirun", "-mca", "orte_tmpdir_base", "/scratch", "-np", "2", "true"]
     assert mpirun.own_session_dir(chosen, {}) == (chosen, None)
+    hvdrun_argv = [sys.executable, "-m", "horovod_cpp.runner", "-np", "2", "true"]
+    assert mpirun.own_session_dir(hvdrun_argv, {}) == (hvdrun_argv, None)  # it makes its own
     assert mpirun.own_session_dir(plain, {"OMPI_MCA_orte_local_tmpdir_base": "/s"}) == (plain,
                                                                                       None)
 
