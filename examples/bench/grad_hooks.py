@@ -16,7 +16,7 @@ import time
 import torch
 
 import horovod_cpp.torch as hvd
-from horovod_cpp.torch import optimizer as hvd_optimizer
+from horovod_cpp.torch import grad_hooks
 
 
 def make_model(layers, width):
@@ -26,7 +26,7 @@ def make_model(layers, width):
 
 
 def run(post_accumulate, args, data):
-    hvd_optimizer._POST_ACCUMULATE_GRAD_HOOK = post_accumulate
+    grad_hooks.POST_ACCUMULATE_GRAD_HOOK = post_accumulate
     model = make_model(args.layers, args.width)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                    named_parameters=model.named_parameters())

@@ -4,10 +4,9 @@ Each parameter's gradient is allreduced as soon as it has been accumulated, so c
 overlaps the rest of the backward pass; ``step()`` waits for the allreduces and then runs the
 wrapped optimizer's step.
 
-Gradient readiness comes from ``Tensor.register_post_accumulate_grad_hook`` where PyTorch has
-it (2.1 and later), else from a hook on the parameter's gradient accumulator node (1.13). The
-post-accumulate hook sits on the parameter itself, so it survives whatever rebuilds the
-autograd graph around it, at no measurable cost (examples/bench/grad_hooks.py measures both).
+Gradient readiness comes from ``grad_hooks.register_grad_ready_hook``, which the sharded
+optimizers use too: a post-accumulate-grad hook on PyTorch 2.1+, a hook on the parameter's
+gradient accumulator node on 1.13.
 
 Reading ``optimizer.param_groups`` while gradients are still being reduced (as
 ``GradScaler.unscale_``/``GradScaler.step`` and ``optimizer.state_dict()`` do) first waits for
@@ -26,11 +25,9 @@ from horovod_cpp.torch.basics import Adasum, Average, size
 from horovod_cpp.torch.collectives import (allreduce_async_, grouped_allreduce_async_,
                                            sparse_allreduce_async)
 from horovod_cpp.torch.compression.powersgd import LowRankReduction, start_q_reductions
+from horovod_cpp.torch.grad_hooks import register_grad_ready_hook
 from horovod_cpp.torch.process_sets import global_process_set
 from horovod_cpp.torch.tensor_bridge import synchronize
-
-# PyTorch 2.1+: a hook on the parameter that runs once its .grad has been accumulated.
-_POST_ACCUMULATE_GRAD_HOOK = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
 
 _TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before "
                     "call to step(). Increase backward_passes_per_step to accumulate gradients "
@@ -73,13 +70,7 @@ def _register_hooks(opt):
                 # accumulate a sparse gradient (nn.Embedding(sparse=True)) into it and
                 # densify it, and sparse optimizers (SparseAdam) would then refuse it.
                 opt._requires_update.add(p)
-                if _POST_ACCUMULATE_GRAD_HOOK:
-                    opt._grad_accs.append(p.register_post_accumulate_grad_hook(opt._make_hook(p)))
-                    continue
-                p_tmp = p.expand_as(p)
-                grad_acc = p_tmp.grad_fn.next_functions[0][0]
-                grad_acc.register_hook(opt._make_hook(p))
-                opt._grad_accs.append(grad_acc)
+                opt._grad_accs.append(register_grad_ready_hook(p, opt._make_hook(p)))
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):

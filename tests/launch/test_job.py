@@ -247,7 +247,7 @@ def test_no_import_circle_in_the_package():
 # horovod_cpp.torch, lowest first: a module imports only from its own layer or lower ones (the
 # collectives never name compression, sharding or the optimizers). A new module is placed here.
 TORCH_LAYERS = [
-    ["process_sets"],
+    ["process_sets", "grad_hooks"],
     ["basics"],
     ["tensor_bridge"],
     ["adasum"],
@@ -255,9 +255,18 @@ TORCH_LAYERS = [
     ["functions", "sync_batch_norm"],
     ["compression", "compression.casts", "compression.powersgd"],
     ["optimizer"],
-    ["sharded", "sharded_model"],
+    # sharding: one concept per module, in a strict order (stage 3 registers itself with the
+    # stage-1/2 ShardedOptimizer, which names nothing above it)
+    ["sharding.common"],
+    ["sharding.flat"],
+    ["sharding.elastic"],
+    ["sharding.optimizer"],
+    ["sharding.model"],
+    ["sharding.stage3"],
+    ["sharding"],
     ["elastic", "elastic.sampler", "elastic.state"],
-    ["", "mpi_ops", "powersgd"],  # the face, and the old paths kept for one release
+    # the face, and the old paths kept for one release
+    ["", "mpi_ops", "powersgd", "sharded", "sharded_model"],
 ]
 
 

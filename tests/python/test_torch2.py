@@ -263,12 +263,12 @@ def test_set_to_none_clipping_and_accumulation_match_one_process(micro, clip):
 def test_gradient_hook_kind():
     """PyTorch 2.1+ signals gradient readiness with post-accumulate-grad hooks on the
     parameters; 1.13 with hooks on their gradient accumulators."""
-    from horovod_cpp.torch import optimizer as hvd_optimizer
+    from horovod_cpp.torch import grad_hooks
     model = make_model()
     opt = distributed(model)
     if hvd.size() == 1:
         pytest.skip("no hooks at one rank")
     post = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
-    assert hvd_optimizer._POST_ACCUMULATE_GRAD_HOOK == post
+    assert grad_hooks.POST_ACCUMULATE_GRAD_HOOK == post
     kinds = {type(h).__name__ for h in opt._grad_accs}
     assert kinds == ({"RemovableHandle"} if post else {"AccumulateGrad"}), kinds
