@@ -3,6 +3,7 @@
 # Re-running only rebuilds what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/install_deps.sh   # the Debian packages it builds on (one dpkg query when they are there)
 build_dir=${1:-build}
 shift || true
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >"$build_dir.configure.log" 2>&1 ||

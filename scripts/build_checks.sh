@@ -17,6 +17,7 @@
 #               CMAKE_PREFIX_PATH from torch.utils.cmake_prefix_path
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/install_deps.sh --fuzz   # clang and the sanitizer runtimes besides the toolchain
 scripts/build.sh build-cpu -DHVD_SANITIZE=address,undefined -DHVD_WITH_NCCL=OFF \
   -DHVD_WITH_GLOO=OFF -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_WERROR=ON
 cmake -S . -B build-tsan -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -12,6 +12,7 @@
 #   scripts/fuzz.sh --seeds          rewrite fuzz/corpus/wire from real messages
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/install_deps.sh --fuzz   # clang, libFuzzer and the sanitizer runtimes
 seconds=60
 if [[ "${1:-}" == "--seeds" ]]; then seeds=1; else seeds=0; seconds="${1:-60}"; fi
 cmake -S fuzz -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \

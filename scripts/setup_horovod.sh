@@ -14,6 +14,7 @@ check() {
 if [[ -x $VENV/bin/python ]] && check; then
   exit 0
 fi
+scripts/install_deps.sh   # the compiler, Open MPI and Debian's torch that Horovod builds against
 echo "setup_horovod.sh: building Horovod $VERSION into $VENV (about 2.5 minutes)" >&2
 /usr/bin/python3 -m venv --system-site-packages "$VENV"
 "$VENV/bin/pip" install -q cloudpickle psutil pyyaml packaging cffi

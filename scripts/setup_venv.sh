@@ -18,8 +18,16 @@
 # checkout's venv come first). Old pins' shared venvs stay until removed
 # (rm -rf ~/.cache/horovod_cpp; the next run installs again).
 # CMake rebuilds only what changed (build-python/, one tree per environment).
+# First it installs the Debian packages that every lane builds on (scripts/install_deps.sh, with
+# --spark a Java runtime too; one dpkg query when they are there): without them the Debian lane's
+# offline pip install fails on its first missing package (cloudpickle) and no lane compiles.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+  ""|--pypi) scripts/install_deps.sh ;;
+  --spark) scripts/install_deps.sh --spark ;;
+  *) echo "usage: scripts/setup_venv.sh [--spark | --pypi]" >&2; exit 2 ;;
+esac
 PYSPARK_VERSION=4.0.5   # Debian lane; tested with Java 17; any pyspark >= 3.5 works
 RAY_VERSION=2.60.0      # Debian lane: horovod_cpp.ray's tests (a local cluster and the test bed)
 CACHE=${HVD_VENV_CACHE:-${XDG_CACHE_HOME:-~/.cache}/horovod_cpp}
