@@ -6,9 +6,12 @@
 //  * hvd::Init() runs once before the tests; hvd::Shutdown() after.
 //  * Only rank 0 prints GoogleTest's normal output; every rank prints its own failures with a
 //    "[rank r]" prefix.
-//  * A watchdog thread calls MPI_Abort after HVD_TEST_WATCHDOG_SECONDS (default 90), naming the
-//    test that was running, so a rank stuck in a collective (because a peer failed an
-//    assertion and moved on) ends the whole job quickly.
+//  * A watchdog thread calls MPI_Abort once this rank has made no progress for
+//    HVD_TEST_WATCHDOG_SECONDS (default 90), naming the test that was running, so a rank stuck
+//    in a collective (because a peer failed an assertion and moved on) ends the whole job
+//    quickly. Progress is a tensor that horovod_cpp completed (its tensors_completed counter)
+//    or a test that started or ended: a suite that is slow (a sanitizer build on a loaded
+//    machine) but still completes collectives is not hung, and runs until ctest's TIMEOUT.
 //  * All ranks agree on the exit code (an allreduce MIN of "passed", polled: mpi_wait.h).
 
 #include <gtest/gtest.h>
@@ -22,6 +25,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "common/horovod.h"
 #include "tests/mpi/mpi_wait.h"
@@ -41,16 +45,42 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 std::mutex g_watch_mu;
 std::condition_variable g_watch_cv;
 bool g_done = false;
+std::atomic<uint64_t> g_test_events{0};
+
+class ProgressListener : public ::testing::EmptyTestEventListener {
+  void OnTestStart(const ::testing::TestInfo&) override { g_test_events.fetch_add(1); }
+  void OnTestEnd(const ::testing::TestInfo&) override { g_test_events.fetch_add(1); }
+};
+
+// What moves while this rank gets anywhere: tests started and ended, and tensors that
+// horovod_cpp completed (0 while it is not initialised: a test between Shutdown and Init).
+std::pair<uint64_t, uint64_t> ProgressMark() {
+  auto stats = hvd::GetStats();
+  return {g_test_events.load(), stats.ok() ? stats->tensors_completed : 0};
+}
 
 void Watchdog(int seconds) {
+  using Clock = std::chrono::steady_clock;
+  auto mark = ProgressMark();
+  auto last_progress = Clock::now();
   std::unique_lock<std::mutex> lock(g_watch_mu);
-  if (g_watch_cv.wait_for(lock, std::chrono::seconds(seconds), [] { return g_done; })) return;
-  const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::fprintf(stderr,
-               "[rank %d] watchdog: still running after %d s (test %s.%s); calling MPI_Abort\n",
-               g_rank, seconds, t ? t->test_suite_name() : "-", t ? t->name() : "-");
-  std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 3);
+  while (!g_watch_cv.wait_for(lock, std::chrono::seconds(1), [] { return g_done; })) {
+    const auto now_mark = ProgressMark();
+    const auto now = Clock::now();
+    if (now_mark != mark) {
+      mark = now_mark;
+      last_progress = now;
+      continue;
+    }
+    if (now - last_progress < std::chrono::seconds(seconds)) continue;
+    const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::fprintf(stderr,
+                 "[rank %d] watchdog: no progress for %d s (no tensor completed, no test started "
+                 "or ended; test %s.%s); calling MPI_Abort\n",
+                 g_rank, seconds, t ? t->test_suite_name() : "-", t ? t->name() : "-");
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
 }
 
 }  // namespace
@@ -64,6 +94,7 @@ int main(int argc, char** argv) {
   ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
   if (g_rank != 0) delete listeners.Release(listeners.default_result_printer());
   listeners.Append(new RankFailurePrinter);
+  listeners.Append(new ProgressListener);
 
   const char* env = std::getenv("HVD_TEST_WATCHDOG_SECONDS");
   const int seconds = env ? std::atoi(env) : 90;
