@@ -10,15 +10,19 @@ function(hvd_target_defaults target)
   endif()
 endfunction()
 
-# A target of the runtime's layer `layer` (base, ops, timeline, common), which may include its
-# own headers and those of the layers in ARGN, nothing else. Its include root is a folder of
-# the build tree holding one link per allowed layer (build/layers/<target>/<layer> ->
-# <source>/<layer>), instead of the source root that would expose every layer.
+# A target of one of the runtime's layers (base, ops, timeline, the folders of common/), which
+# may include the headers of the layers in ARGN (its own first), nothing else. A layer is a
+# folder or a single header of the source tree (common/protocol, common/horovod.h). Its include
+# root is a folder of the build tree holding one link per allowed layer
+# (build/layers/<target>/<layer> -> <source>/<layer>), instead of the source root that would
+# expose every layer.
 function(hvd_layer target)
   set(root "${CMAKE_CURRENT_BINARY_DIR}/layers/${target}")
   file(REMOVE_RECURSE "${root}")
   file(MAKE_DIRECTORY "${root}")
   foreach(layer IN LISTS ARGN)
+    get_filename_component(parent "${root}/${layer}" DIRECTORY)
+    file(MAKE_DIRECTORY "${parent}")
     file(CREATE_LINK "${PROJECT_SOURCE_DIR}/${layer}" "${root}/${layer}" SYMBOLIC)
   endforeach()
   target_compile_features(${target} PUBLIC cxx_std_17)

@@ -14,7 +14,7 @@
 #include <optional>
 #include <string>
 
-#include "common/config.h"
+#include "common/config/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

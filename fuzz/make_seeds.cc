@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "common/message.h"
+#include "common/protocol/message.h"
 
 namespace {
 

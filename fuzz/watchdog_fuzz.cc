@@ -1,5 +1,5 @@
 // horovod_cpp — Apache-2.0
-// libFuzzer target for the collective watchdog's side channel (common/collective_watchdog.h):
+// libFuzzer target for the collective watchdog's side channel (common/loop/collective_watchdog.h):
 // the bytes a prober reads as an answer from another rank's port (anyone may listen there),
 // and the endpoint table rank 0 broadcasts. Any bytes must give "not an answer" or an error,
 // never a crash, an over-read or undefined behaviour; and what is accepted as an answer must
@@ -15,7 +15,7 @@
 #include <memory>
 #include <vector>
 
-#include "common/collective_watchdog.h"
+#include "common/loop/collective_watchdog.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using hvd::CollectiveWatchdog;

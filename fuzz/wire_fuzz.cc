@@ -1,5 +1,5 @@
 // horovod_cpp — Apache-2.0
-// libFuzzer target for the wire format (common/message.h): messages arrive from other ranks,
+// libFuzzer target for the wire format (common/protocol/message.h): messages arrive from other ranks,
 // so any bytes must give a message or an error Status, never a crash, an over-read (ASan) or
 // undefined behaviour (UBSan). A parsed message must also survive a round trip: serializing
 // it and parsing that again gives the same bytes.
@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "common/message.h"
+#include "common/protocol/message.h"
 
 namespace {
 

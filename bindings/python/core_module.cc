@@ -22,7 +22,7 @@
 #include <tuple>
 #include <vector>
 
-#include "common/config.h"
+#include "common/config/config.h"
 #include "common/horovod.h"
 
 namespace py = pybind11;
@@ -256,7 +256,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("nccl_built", &hvd::NcclBuilt);
   m.def("gloo_built", &hvd::GlooBuilt);
   m.def("host_backend", [] { return Get(hvd::HostBackendName()); });
-  // Every knob of common/knobs.def: hvdrun builds its flags from these (runner/mpirun.py).
+  // Every knob of common/config/knobs.def: hvdrun builds its flags from these (runner/mpirun.py).
   m.def("knobs", [] {
     py::list out;
     for (const hvd::KnobSpec& k : hvd::KnobTable()) {

@@ -50,7 +50,7 @@ LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
 
 
 def _flag_of(spec):
-    """The Knob for one entry of the core's knob table (common/knobs.def)."""
+    """The Knob for one entry of the core's knob table (common/config/knobs.def)."""
     kind, scale = spec["type"], spec["flag_scale"]
     # Bounds as people write them: 60000, not 60000.0.
     lo, hi = (int(b) if b == int(b) else b for b in (spec["min"] / scale, spec["max"] / scale))

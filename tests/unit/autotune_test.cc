@@ -4,7 +4,7 @@
 // its re-checks against noise, fixed knobs, re-tuning when the score moves, agreement through
 // Exchange, and the log.
 
-#include "common/autotune.h"
+#include "common/config/autotune.h"
 
 #include <gtest/gtest.h>
 

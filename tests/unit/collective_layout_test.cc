@@ -1,7 +1,7 @@
 // horovod_cpp — Apache-2.0
 // The layouts both executors use, against counts worked out by hand.
 
-#include "common/collective_layout.h"
+#include "common/execution/collective_layout.h"
 
 #include <gtest/gtest.h>
 

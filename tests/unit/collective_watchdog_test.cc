@@ -1,7 +1,7 @@
 // horovod_cpp — Apache-2.0
 // The collective timeout's watchdog, with several "ranks" in one process talking over real
 // loopback sockets: who it names, what it says the others do, and when it stays quiet.
-#include "common/collective_watchdog.h"
+#include "common/loop/collective_watchdog.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // horovod_cpp — Apache-2.0
-#include "common/config.h"
+#include "common/config/config.h"
 
 #include <gtest/gtest.h>
 
@@ -34,7 +34,7 @@ TEST(Config, DefaultsMatchHorovod) {
   Result<Config> c = Parse({});
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->fusion_threshold_bytes, 128 * 1024 * 1024);
-  EXPECT_EQ(c->collective_chunk_bytes, 1024 * 1024);  // ours: measured, see the README
+  EXPECT_EQ(c->collective_chunk_bytes, 1024 * 1024);  // ours: measured, see docs/performance.md
   EXPECT_EQ(c->cycle_time_ms, 1.0);
   EXPECT_EQ(c->cache_capacity, 1024);
   EXPECT_EQ(c->log_level, LogLevel::kWarning);
@@ -251,11 +251,11 @@ TEST(Config, NoWarningForTheVariablesThePythonPackageUses) {
   EXPECT_EQ(UnknownSettingWarnings({names.begin(), names.end()}), std::vector<std::string>{});
 }
 
-// docs/config.md's table is generated from common/knobs.def. To refresh it after changing a
+// docs/config.md's table is generated from common/config/knobs.def. To refresh it after changing a
 // knob: HVD_UPDATE_DOCS=1 build/tests/unit_tests --gtest_filter=Config.DocsTableIsGenerated
 TEST(Config, DocsTableIsGenerated) {
   const std::string path = HVD_SOURCE_DIR "/docs/config.md";
-  const std::string begin = "<!-- knobs: generated from common/knobs.def -->\n";
+  const std::string begin = "<!-- knobs: generated from common/config/knobs.def -->\n";
   const std::string end = "<!-- knobs: end -->\n";
   const std::optional<std::string> read = ReadFile(path);
   ASSERT_TRUE(read) << path << " not found";

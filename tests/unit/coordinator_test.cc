@@ -1,6 +1,6 @@
 // horovod_cpp — Apache-2.0
 // The coordinator with N simulated ranks: readiness, ordering and every mismatch message.
-#include "common/coordinator.h"
+#include "common/negotiation/coordinator.h"
 
 #include <gtest/gtest.h>
 

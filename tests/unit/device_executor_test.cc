@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "common/counters.h"
-#include "common/op_executor.h"
-#include "common/process_set.h"
+#include "common/state/counters.h"
+#include "common/execution/op_executor.h"
+#include "common/state/process_set.h"
 #include "ops/device.h"
 #include "tests/unit/local_backend.h"
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "common/background_loop.h"
+#include "common/loop/background_loop.h"
 #include "ops/nccl_info.h"
 #include "tests/unit/local_backend.h"
 

@@ -1,5 +1,5 @@
 // horovod_cpp — Apache-2.0
-#include "common/fusion_planner.h"
+#include "common/execution/fusion_planner.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // horovod_cpp — Apache-2.0
-#include "common/process_set.h"
+#include "common/state/process_set.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // horovod_cpp — Apache-2.0
-#include "common/response_cache.h"
+#include "common/negotiation/response_cache.h"
 
 #include <gtest/gtest.h>
 

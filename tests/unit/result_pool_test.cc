@@ -2,7 +2,7 @@
 // ResultPool: released result blocks are reused for the same size, the cache stays within its
 // bound (latest release first), small blocks bypass it, and blocks may outlive the pool.
 
-#include "common/result_pool.h"
+#include "common/state/result_pool.h"
 
 #include <gtest/gtest.h>
 

@@ -19,11 +19,11 @@
 #include <thread>
 #include <vector>
 
-#include "common/background_loop.h"
-#include "common/config.h"
-#include "common/counters.h"
-#include "common/process_set.h"
-#include "common/tensor_queue.h"
+#include "common/loop/background_loop.h"
+#include "common/config/config.h"
+#include "common/state/counters.h"
+#include "common/state/process_set.h"
+#include "common/state/tensor_queue.h"
 #include "tests/unit/local_backend.h"
 
 namespace hvd {

@@ -1,6 +1,6 @@
 // horovod_cpp — Apache-2.0
 // The stall inspector with a fake clock.
-#include "common/stall_inspector.h"
+#include "common/negotiation/stall_inspector.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // horovod_cpp — Apache-2.0
-#include "common/tensor_queue.h"
+#include "common/state/tensor_queue.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <atomic>
 #include <thread>
 
-#include "common/handle_table.h"
+#include "common/state/handle_table.h"
 
 namespace hvd {
 namespace {

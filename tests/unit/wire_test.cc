@@ -1,11 +1,11 @@
 // horovod_cpp — Apache-2.0
-#include "common/wire.h"
+#include "common/protocol/wire.h"
 
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "common/message.h"
+#include "common/protocol/message.h"
 
 namespace hvd {
 namespace {
