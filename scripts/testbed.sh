@@ -206,7 +206,7 @@ StrictModes no
 MaxStartups 64
 MaxSessions 64
 # A session whose client is cut off (the host's link down) ends within ~10 s instead of
-# retransmitting for many minutes: what a cluster's sshd should do too (README).
+# retransmitting for many minutes: what a cluster's sshd should do too (docs/hosts.md).
 ClientAliveInterval 3
 ClientAliveCountMax 3
 EOF

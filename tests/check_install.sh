@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "your own C++ program" path, end to end: install the build tree into a
+# docs/cpp.md's "your own C++ program" path, end to end: install the build tree into a
 # temporary prefix, configure and build examples/consumer against it with
 # find_package(horovod_cpp), run it on 2 ranks and check that it learned y = 3x.
 #   check_install.sh BUILD_DIR SOURCE_DIR MPIEXEC [MPIEXEC_FLAG...]

@@ -12,7 +12,7 @@ from horovod_cpp.torch.tensor_bridge import (check_tensor, describe, op_name, pr
 # own, dot products in float64, a power-of-two number of ranks. Every rank gathers every rank's
 # tensor through the core's fused allgather (MPI or Gloo) and computes the same tree in the same
 # order, so all hold the same bits; that sends N times the bytes of Horovod's vector-halving,
-# distance-doubling exchange (README, differences from Horovod).
+# distance-doubling exchange (docs/differences.md).
 _SQRT_DBL_MIN = 1.4916681462400413e-154  # sqrt(DBL_MIN): below it a norm counts as zero
 
 
