@@ -34,6 +34,11 @@ stage "waiting for the PyPI lane's venv"
 wait $pypi_lane || { cat setup-venv-pypi.log >&2; echo "test.sh: scripts/setup_venv.sh --pypi failed" >&2; exit 1; }
 cat setup-venv-pypi.log >&2
 trap - EXIT
+# 2a. The docs site, warnings as errors: a broken link (a page's or the README's), a page out of
+#     the table of contents, a docstring documenting a parameter its signature lacks, or an API
+#     module that no longer imports fails here (scripts/build_docs.sh; ~20 s).
+stage "the docs site"
+scripts/build_docs.sh
 # 3-5 and 7 compile in the background (and 6 runs there), at the lowest CPU priority, while
 # ctest (2) and the cross-host suite (2b) run: both leave much of the CPU idle (ctest -j 2 kept
 # the 2 cores 52 % busy on average here: most tests run alone, and many of them mostly wait),

@@ -8,6 +8,9 @@
 #                           the packages pinned in scripts/pypi-lane.txt (the newest torch, its
 #                           CUDA wheel ~3 GB, pyspark, ...), horovod_cpp by a plain `pip install .`
 #                           (PEP 517 build isolation, as a user installs it)
+#   setup_venv.sh --docs    .venv-docs: Sphinx and MyST (scripts/docs-requirements.txt) beside
+#                           Debian's torch, for scripts/build_docs.sh (horovod_cpp is read from
+#                           the checkout, its compiled core mocked: nothing is built)
 # The packages from PyPI are installed once per machine and set of pins, into a shared venv
 # under $HVD_VENV_CACHE (default ~/.cache/horovod_cpp: debian-<key>, pypi-<key>, the key a hash
 # of the pins and the Python), not once per checkout: a clean clone (CI's) then sets up in
@@ -24,9 +27,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-  ""|--pypi) scripts/install_deps.sh ;;
+  ""|--pypi|--docs) scripts/install_deps.sh ;;
   --spark) scripts/install_deps.sh --spark ;;
-  *) echo "usage: scripts/setup_venv.sh [--spark | --pypi]" >&2; exit 2 ;;
+  *) echo "usage: scripts/setup_venv.sh [--spark | --pypi | --docs]" >&2; exit 2 ;;
 esac
 PYSPARK_VERSION=4.0.5   # Debian lane; tested with Java 17; any pyspark >= 3.5 works
 RAY_VERSION=2.60.0      # Debian lane: horovod_cpp.ray's tests (a local cluster and the test bed)
@@ -107,6 +110,14 @@ if [[ "${1:-}" == "--pypi" ]]; then
   own_venv "$venv" 0 "$shared"
   "$venv/bin/python" -m pip install "${pip[@]}" .
   check_import "$venv/bin/python"
+  exit 0
+fi
+
+if [[ "${1:-}" == "--docs" ]]; then
+  shared=$(shared_venv docs 1 scripts/docs-requirements.txt "Sphinx and MyST (~30 MB)")
+  own_venv .venv-docs 1 "$shared"
+  .venv-docs/bin/python -c "import sphinx, myst_parser" ||
+    die "Sphinx and MyST do not import in .venv-docs"
   exit 0
 fi
 

@@ -27,7 +27,7 @@ VERBOSITIES = ("all", "log_callback_only")
 
 
 class HorovodRunner(object):
-    """HorovodRunner(*, np, driver_log_verbosity="log_callback_only"), as in Databricks'
+    """``HorovodRunner(*, np, driver_log_verbosity="log_callback_only")``, as in Databricks'
     sparkdl: ``np > 0`` runs np ranks as Spark barrier tasks, ``np < 0`` runs -np ranks on the
     driver. ``driver_log_verbosity="all"`` streams every rank's output to the driver;
     ``"log_callback_only"`` only what the ranks send with ``log_to_driver``.

@@ -1,6 +1,6 @@
 """Gradient compression, above the collectives (as ``horovod.torch.compression``): the cast
 codecs (``casts``) and PowerSGD (``powersgd``). The collectives take any object with
-``compress``/``decompress`` and name none of them.
+``compress``/``decompress`` and name none of them::
 
     hvd.allreduce(t, compression=hvd.Compression.fp16)
     hvd.DistributedOptimizer(opt, compression=hvd.Compression.powersgd(

@@ -1,4 +1,4 @@
-"""``hvd.elastic``: training that survives ranks leaving and joining, as in horovod.torch.elastic.
+"""``hvd.elastic``: training that survives ranks leaving and joining, as in horovod.torch.elastic::
 
     hvd.init()
     state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)

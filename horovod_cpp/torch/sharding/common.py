@@ -39,7 +39,7 @@ def nonfinite_flag_grad(grads, process_set, name):
 
 def clip_slices_by_global_norm(grads, max_norm, norm_type, process_set, name):
     """Collective: clips every rank's gradient slices by the norm of the whole gradient (as
-    torch.nn.utils.clip_grad_norm_ would, unsharded) and returns that norm."""
+    ``torch.nn.utils.clip_grad_norm_`` would, unsharded) and returns that norm."""
     norm_type = float(norm_type)
     grads = [g for g in grads if g is not None]
     if norm_type == math.inf:

@@ -393,7 +393,7 @@ class ShardedOptimizer(ElasticShards, torch.optim.Optimizer):
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         """Clips the gradients of every shard by their global norm (the norm of the whole,
-        unsharded gradient), as torch.nn.utils.clip_grad_norm_ would; returns that norm."""
+        unsharded gradient), as ``torch.nn.utils.clip_grad_norm_`` would; returns that norm."""
         self._finish_reductions()
         return clip_slices_by_global_norm([b.shard.grad for b in self._buckets], max_norm,
                                           norm_type, self.process_set, "sharded.clip")

@@ -122,7 +122,7 @@ class FullyShardedOptimizer(ShardedOptimizer):
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         """Clips the gradients of every shard by their global norm (the norm of the whole,
-        unsharded gradient), as torch.nn.utils.clip_grad_norm_ would; returns that norm."""
+        unsharded gradient), as ``torch.nn.utils.clip_grad_norm_`` would; returns that norm."""
         self._finish_reductions()
         return clip_slices_by_global_norm(
             [f.shard_grad for f in self.sharding.flats if f.trainable], max_norm, norm_type,
