@@ -283,3 +283,49 @@ def test_the_torch_modules_import_only_downwards():
               if target in layer_of and layer_of[target] > layer_of[m]]
     assert not upward, upward
 
+
+
+# Every public name of horovod.torch 0.28.1 (its __init__.py), at the module paths Horovod has
+# them, and the old horovod_cpp module paths kept as aliases for one release.
+HOROVOD_TORCH_NAMES = {
+    "horovod_cpp.torch": [
+        "elastic", "Compression", "allgather_object", "broadcast_object",
+        "broadcast_optimizer_state", "broadcast_parameters", "allreduce", "allreduce_async",
+        "allreduce_", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_async",
+        "grouped_allreduce_", "grouped_allreduce_async_", "sparse_allreduce_async", "allgather",
+        "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast",
+        "broadcast_async", "broadcast_", "broadcast_async_", "alltoall", "alltoall_async",
+        "reducescatter", "reducescatter_async", "grouped_reducescatter",
+        "grouped_reducescatter_async", "join", "barrier", "poll", "synchronize", "init",
+        "shutdown", "is_initialized", "start_timeline", "stop_timeline", "size", "local_size",
+        "cross_size", "rank", "local_rank", "cross_rank", "mpi_threads_supported", "mpi_enabled",
+        "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
+        "cuda_built", "rocm_built", "ProcessSet", "global_process_set", "add_process_set",
+        "remove_process_set", "Average", "Sum", "Adasum", "Min", "Max", "Product",
+        "HorovodInternalError", "DistributedOptimizer", "SyncBatchNorm"],
+    "horovod_cpp.torch.mpi_ops": [  # Horovod's path too
+        "allreduce", "allreduce_async_", "grouped_allreduce_async_", "allgather", "broadcast_",
+        "alltoall", "reducescatter", "join", "barrier", "poll", "synchronize", "init", "size",
+        "rank", "Average", "Sum", "Adasum", "ProcessSet", "global_process_set",
+        "HorovodInternalError"],
+    "horovod_cpp.torch.compression": ["Compression", "Compressor", "NoneCompressor",
+                                      "FP16Compressor"],
+    "horovod_cpp.torch.functions": ["allgather_object", "broadcast_object",
+                                    "broadcast_optimizer_state", "broadcast_parameters"],
+    "horovod_cpp.torch.optimizer": ["DistributedOptimizer"],
+    "horovod_cpp.torch.sync_batch_norm": ["SyncBatchNorm"],
+    "horovod_cpp.torch.elastic": ["run", "State", "ObjectState", "TorchState", "ElasticSampler"],
+    # horovod_cpp's own old paths (aliases for one release)
+    "horovod_cpp.torch.sharded": ["ShardedOptimizer"],
+    "horovod_cpp.torch.sharded_model": ["shard_model", "sharding_of", "FullyShardedOptimizer"],
+    "horovod_cpp.torch.powersgd": ["PowerSGD"],
+}
+
+
+def test_every_horovod_torch_name_still_imports():
+    import importlib
+    missing = ["%s.%s" % (module, name) for module, names in HOROVOD_TORCH_NAMES.items()
+               for name in names if not hasattr(importlib.import_module(module), name)]
+    assert not missing, missing
+    import horovod_cpp.torch as hvd
+    assert not [n for n in hvd.__all__ if not hasattr(hvd, n)]
