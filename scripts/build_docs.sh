@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup_venv.sh --docs
-rm -rf build-docs/doctrees
+rm -rf build-docs   # whole: no page left over from an earlier build, every warning again
 .venv-docs/bin/python -m sphinx -W --keep-going -q -b html -d build-docs/doctrees docs \
   build-docs/html
 echo "build_docs: build-docs/html/index.html"
