@@ -41,13 +41,11 @@ def check_docstring(app, what, name, obj, options, lines):
         return
     target = obj.__init__ if what == "class" else obj
     try:
-        params = set(inspect.signature(target).parameters)
+        signature = inspect.signature(target).parameters
     except (TypeError, ValueError):
         return
-    if any(p.kind in (p.VAR_KEYWORD,) for p in inspect.signature(target).parameters.values()):
-        accepts_any = True
-    else:
-        accepts_any = False
+    params = set(signature)
+    accepts_any = any(p.kind == p.VAR_KEYWORD for p in signature.values())
     for line in lines:
         match = PARAM.match(line)
         if not match:

@@ -77,10 +77,12 @@ class Profile(object):
         if not free:
             return params([])
 
+        def bounded(logx):  # the free parameters from their logarithms, within their ranges
+            return [min(max(math.exp(v), 1.0), 10.0) if name == "gamma" else
+                    min(max(math.exp(v), _FLOOR), 1e4) for name, v in zip(free, logx)]
+
         def loss(logx):
-            x = [math.exp(v) for v in logx]
-            p = params([min(max(v, _FLOOR), 1e4) if name != "gamma" else min(max(v, 1.0), 10.0)
-                        for name, v in zip(free, x)])
+            p = params(bounded(logx))
             err = 0.0
             weight = 0
             for hosts, ranks, atomic, accum, n, step, _ in obs:
@@ -94,10 +96,7 @@ class Profile(object):
             return err / weight + reg
 
         start = [math.log(_initial(name, obs, alpha_c, beta_c)) for name in free]
-        best = _nelder_mead(loss, start)
-        x = [math.exp(v) for v in best]
-        return params([min(max(v, _FLOOR), 1e4) if name != "gamma" else min(max(v, 1.0), 10.0)
-                       for name, v in zip(free, x)])
+        return params(bounded(_nelder_mead(loss, start)))
 
 
 def _fit_compute(obs):

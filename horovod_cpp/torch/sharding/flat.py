@@ -52,6 +52,15 @@ def copy_overlap(dst, dst_start, dst_end, src, src_start, src_end):
 
 
 
+def pack_offsets(params):
+    """(each parameter's offset in a flat buffer of ``params`` packed in order, its length)."""
+    offsets, length = [], 0
+    for p in params:
+        offsets.append(length)
+        length += p.numel()
+    return offsets, length
+
+
 class Bucket(object):
     """Parameters of one group, dtype and device, flattened into one buffer."""
 
@@ -59,12 +68,7 @@ class Bucket(object):
         self.index = index
         self.group = group
         self.params = params
-        self.offsets = []
-        offset = 0
-        for p in params:
-            self.offsets.append(offset)
-            offset += p.numel()
-        self.length = offset
+        self.offsets, self.length = pack_offsets(params)
         self.dtype = params[0].dtype
         self.device = params[0].device
         self.flat = torch.empty(self.length, dtype=self.dtype, device=self.device)
@@ -102,12 +106,7 @@ class FlatBuffer(object):
         self.names = names
         self.shapes = [p.shape for p in params]
         self.numels = [p.numel() for p in params]
-        self.offsets = []
-        offset = 0
-        for p in params:
-            self.offsets.append(offset)
-            offset += p.numel()
-        self.length = offset
+        self.offsets, self.length = pack_offsets(params)
         self.dtype = params[0].dtype
         self.device = params[0].device
         self.trainable = params[0].requires_grad

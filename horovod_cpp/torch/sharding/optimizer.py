@@ -407,9 +407,13 @@ class ShardedOptimizer(ElasticShards, torch.optim.Optimizer):
                 loss = closure()
         self._finish_reductions()
         self._finite_flag.grad = None
-        self._step_and_gather()
+        self._update_parameters()
         self._reduced = False
         return loss
+
+    def _update_parameters(self):
+        """Steps this rank's slices and brings the updated parameters to every rank."""
+        self._step_and_gather()
 
     def _step_and_gather(self, window=2):
         """Steps the slices bucket by bucket, starting each bucket's allgather into the

@@ -128,16 +128,8 @@ class FullyShardedOptimizer(ShardedOptimizer):
             [f.shard_grad for f in self.sharding.flats if f.trainable], max_norm, norm_type,
             self.process_set, "sharded3.clip")
 
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._finish_reductions()
-        self._finite_flag.grad = None
-        self.optim.step()
-        self._reduced = False
-        return loss
+    def _update_parameters(self):
+        self.optim.step()   # nothing gathered: the next forward gathers what it uses
 
     # ---- checkpoints ----------------------------------------------------------------------
 
