@@ -91,8 +91,15 @@ TensorView View(const ::torch::Tensor& t) {
   return t.detach();  // same storage; writing it does not touch autograd history
 }
 
+// |t|^2 in float64 (the framework's own measurement, for gradients the core sees compressed).
+double SquaredNorm(const ::torch::Tensor& t) {
+  ::torch::NoGradGuard no_grad;
+  return t.detach().to(::torch::kDouble).square().sum().item<double>();
+}
+
 AllreduceOptions CoreOptions(const ReduceOptions& o) {
-  return AllreduceOptions{o.op, o.prescale_factor, o.postscale_factor, o.process_set_id};
+  return AllreduceOptions{o.op, o.prescale_factor, o.postscale_factor, o.process_set_id,
+                          o.stats_group};
 }
 
 // A tensor over runtime-owned memory (no copy); it keeps the memory alive.
@@ -415,6 +422,10 @@ DistributedOptimizer::DistributedOptimizer(
   if (options_.gradient_predivide_factor != 1.0 && options_.op != ReduceOp::kAverage) {
     Throw(Status::InvalidArgument("gradient_predivide_factor not supported with op != Average"));
   }
+  if (options_.stats_group >= 0 && options_.compression == Compression::kPowerSGD) {
+    Throw(Status::InvalidArgument("stats_group (adaptive training) measures the exact "
+                                  "gradients; it does not work with PowerSGD compression"));
+  }
   if (options_.compression == Compression::kPowerSGD) {
     const PowerSGDOptions& o = options_.powersgd;
     if (options_.op != ReduceOp::kAverage) {
@@ -689,6 +700,10 @@ void DistributedOptimizer::Submit(Param& p, ::torch::Tensor gradient) {
       gradient.is_floating_point()) {
     p.sent_as = gradient.scalar_type();
     p.cast = true;
+    if (options_.stats_group >= 0) {  // measured here, before compression
+      framework_stats_.local_sq += SquaredNorm(gradient);
+      framework_stats_.elements += gradient.numel();
+    }
     gradient = gradient.to(options_.compression == Compression::kFP16 ? ::torch::kHalf
                                                                        : ::torch::kBFloat16);
   }
@@ -699,6 +714,7 @@ void DistributedOptimizer::Submit(Param& p, ::torch::Tensor gradient) {
     o.prescale_factor = 1.0 / options_.gradient_predivide_factor;
     o.postscale_factor = options_.gradient_predivide_factor;
   }
+  if (options_.stats_group >= 0 && !p.cast) o.stats_group = options_.stats_group;
   p.handle = AllreduceAsync_(gradient, p.name, o);
 }
 
@@ -721,7 +737,13 @@ void DistributedOptimizer::Synchronize(CallSite where) {
       const bool low_rank = p->low_rank_stage != 0;  // (its Q is in the step's group)
       if (!low_rank && !p->handle.valid()) continue;
       ::torch::Tensor reduced = low_rank ? FinishLowRank(*p) : p->handle.Synchronize();
-      if (p->cast) reduced = reduced.to(p->sent_as);
+      if (p->cast) {
+        reduced = reduced.to(p->sent_as);
+        if (options_.stats_group >= 0) {  // after decompression (widening is exact)
+          framework_stats_.reduced_sq += SquaredNorm(reduced);
+          framework_stats_.tensors += 1;
+        }
+      }
       before += p->tensor.numel();
       if (low_rank) {
         auto [n, m, r] = MatrixRank(p->tensor, options_.powersgd.matrix_approximation_rank);
@@ -746,6 +768,18 @@ void DistributedOptimizer::Synchronize(CallSite where) {
     }
   }
   synchronized_ = true;
+}
+
+GradStats DistributedOptimizer::TakeGradStats() {
+  GradStats s;
+  if (options_.stats_group >= 0) s = Get(hvd::TakeGradStats(options_.process_set_id,
+                                                            options_.stats_group));
+  s.local_sq += framework_stats_.local_sq;
+  s.reduced_sq += framework_stats_.reduced_sq;
+  s.elements += framework_stats_.elements;
+  s.tensors += framework_stats_.tensors;
+  framework_stats_ = GradStats{};
+  return s;
 }
 
 void DistributedOptimizer::Step(CallSite where) {
@@ -958,6 +992,7 @@ void ShardedOptimizer::Launch(Bucket& b) {
   ReduceOptions o;
   o.op = options_.op;
   o.process_set_id = options_.process_set_id;
+  o.stats_group = options_.stats_group;
   const std::string name =
       "sharded." + std::to_string(b.index) + "." + std::to_string(b.launched);
   if (options_.stage == 1) {
@@ -1075,6 +1110,24 @@ double ShardedOptimizer::ClipGradNorm(double max_norm, double norm_type) {
     }
   }
   return total;
+}
+
+GradStats ShardedOptimizer::TakeGradStats() {
+  if (options_.stats_group < 0) return GradStats{};
+  GradStats s = Get(hvd::TakeGradStats(options_.process_set_id, options_.stats_group));
+  if (options_.stage == 1) return s;
+  // Stage 2: each rank's slice of the averaged gradient, summed over the ranks.
+  double mine = 0;
+  for (auto& b : buckets_) {
+    const ::torch::Tensor& g = b->shard.grad();
+    if (g.defined() && g.numel() > 0) mine += SquaredNorm(g);
+  }
+  ReduceOptions o;
+  o.op = ReduceOp::kSum;
+  o.process_set_id = options_.process_set_id;
+  s.reduced_sq = Allreduce(::torch::tensor({mine}, ::torch::kDouble), "sharded.grad_stats", o)
+                     .item<double>();
+  return s;
 }
 
 ShardedOptimizer::HeldBytes ShardedOptimizer::Held() const {

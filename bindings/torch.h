@@ -61,6 +61,7 @@ struct ReduceOptions {
   double prescale_factor = 1.0;
   double postscale_factor = 1.0;
   int32_t process_set_id = kGlobalProcessSetId;
+  int32_t stats_group = -1;  // >= 0: measure the tensor's squared norms (hvd::TakeGradStats)
 };
 
 // An operation in flight: Synchronize() waits and returns its result.
@@ -189,6 +190,10 @@ struct DistributedOptimizerOptions {
   int32_t process_set_id = kGlobalProcessSetId;
   Compression compression = Compression::kNone;
   PowerSGDOptions powersgd;  // with Compression::kPowerSGD
+  // Adaptive training: >= 0 measures every gradient's squared norms, before and after the
+  // reduction, into this stats group of the process set; TakeGradStats() returns them. Not
+  // with PowerSGD.
+  int32_t stats_group = -1;
 };
 
 // Wraps any torch::optim::Optimizer: every parameter gets a gradient hook that starts the
@@ -232,6 +237,12 @@ class DistributedOptimizer {
   SkipSynchronizeGuard SkipSynchronize() { return SkipSynchronizeGuard(this); }
 
   ::torch::optim::Optimizer& optimizer() { return *optimizer_; }
+
+  // Adaptive training (options.stats_group): the squared norms of the gradients reduced since
+  // the last call, local (this rank's, before the reduction) and reduced (the averaged
+  // gradient's), summed over the parameters; call after Synchronize(). fp16/bf16-compressed
+  // gradients are measured before compression (local) and after decompression (reduced).
+  GradStats TakeGradStats();
 
   // PowerSGD: the steps reduced so far, and the numbers a step would send uncompressed / what
   // the last compressed step sent (1 before any step compressed).
@@ -278,6 +289,7 @@ class DistributedOptimizer {
   double last_step_end_ = -1;
   std::vector<PowerSGDDecision> decisions_;
   TorchHandle q_group_;  // the step's grouped Q allreduce (keeps the Qs alive)
+  GradStats framework_stats_;  // norms measured here (compressed gradients), since the take
 };
 
 struct ShardedOptimizerOptions {
@@ -286,6 +298,9 @@ struct ShardedOptimizerOptions {
   int backward_passes_per_step = 1;
   int64_t bucket_cap_bytes = 25 << 20;  // the most bytes of parameters in one flat bucket
   int32_t process_set_id = kGlobalProcessSetId;
+  // Adaptive training: >= 0 measures the buckets' gradient norms into this stats group
+  // (TakeGradStats).
+  int32_t stats_group = -1;
 };
 
 // The C++ counterpart of horovod_cpp.torch.ShardedOptimizer (stages 1 and 2; see its docs and
@@ -329,6 +344,12 @@ class ShardedOptimizer {
   // Clips every slice's gradient by the global norm (that of the whole, unsharded gradient),
   // as torch::nn::utils::clip_grad_norm_ would; returns that norm.
   double ClipGradNorm(double max_norm, double norm_type = 2.0);
+  // Adaptive training (options.stats_group), after Synchronize(): local_sq is this rank's
+  // squared norm of its whole gradient before the reduction (stage 2 with several backward
+  // passes per step: the sum over the passes of each pass's), reduced_sq the averaged
+  // gradient's: stage 1 measures it on the allreduced buckets, stage 2 sums each rank's
+  // slice with one scalar allreduce (collective: every rank calls it).
+  GradStats TakeGradStats();
 
   // The wrapped optimizer (its parameters are this rank's slices).
   ::torch::optim::Optimizer& optimizer() { return *optimizer_; }

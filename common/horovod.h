@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -115,6 +116,27 @@ struct AllreduceOptions {
   double prescale_factor = 1.0;      // applied to the input before the reduction
   double postscale_factor = 1.0;     // applied to the result (Average also divides by size)
   int32_t process_set_id = kGlobalProcessSetId;
+  // Adaptive training: >= 0 makes the executor measure this tensor's squared norms, in
+  // float64, into group `stats_group` of its process set, as it reduces it (TakeGradStats).
+  // Allreduce and reducescatter; host tensors. -1: not measured.
+  int32_t stats_group = -1;
+  // Grouped calls: member i's stats group, overriding stats_group (empty, or one per member).
+  std::vector<int32_t> stats_groups = {};
+};
+
+// The squared norms measured for one stats group (AllreduceOptions::stats_group), summed over
+// the tensors reduced since the last TakeGradStats. Each is measured on data the executor
+// touches anyway: the input as it is copied into the fusion buffer (or just before the
+// collective, for a tensor reduced where it lives), the result as it is copied out.
+struct GradStats {
+  // |this rank's input|^2 before the reduction and before any prescale. For reducescatter,
+  // of the whole input.
+  double local_sq = 0;
+  // |the result|^2: after the division of Average and the postscale. For reducescatter, of
+  // this rank's share only: sum it over the set (one scalar allreduce) for the whole.
+  double reduced_sq = 0;
+  int64_t elements = 0;  // elements measured (input elements)
+  int64_t tensors = 0;   // tensors completed
 };
 
 // A result whose size is only known once every rank has spoken (allgather, alltoall),
@@ -205,6 +227,16 @@ Result<std::vector<int32_t>> ProcessSetIds();
 Result<int32_t> AddProcessSet(const std::vector<int>& ranks);
 // Collective. Operations still pending in the set fail.
 Status RemoveProcessSet(int32_t id);
+
+// ---- gradient statistics (adaptive training) ----------------------------------------------
+
+// The sums for (process_set_id, group) since the last call, which resets them. Call it once
+// the handles of the step's reductions have completed; a group nothing was measured into
+// gives zeros.
+Result<GradStats> TakeGradStats(int32_t process_set_id, int32_t group);
+// Every group of `process_set_id` measured since the last take, as (group, sums) in group
+// order, and resets them: one call for a framework that measures each parameter on its own.
+Result<std::vector<std::pair<int32_t, GradStats>>> TakeAllGradStats(int32_t process_set_id);
 
 // ---- asynchronous operations --------------------------------------------------------------
 

@@ -260,6 +260,58 @@ void VisitType(DataType dtype, F&& f) {
   }
 }
 
+// Sum of squares in float64, with four independent accumulators so that the loop is not one
+// chain of dependent additions; when `dst` is set, each element is also stored there.
+template <typename T>
+double SquaresTyped(T* dst, const T* src, int64_t n) {
+  double acc[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    for (int k = 0; k < 4; ++k) {
+      const T v = src[i + k];
+      if (dst != nullptr) dst[i + k] = v;
+      const double d = static_cast<double>(v);
+      acc[k] += d * d;
+    }
+  }
+  for (; i < n; ++i) {
+    const T v = src[i];
+    if (dst != nullptr) dst[i] = v;
+    const double d = static_cast<double>(v);
+    acc[0] += d * d;
+  }
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+double Squares(void* dst, const void* src, int64_t n, DataType dtype) {
+  double total = 0;
+  VisitType(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<T, Half16Tag>) {
+      // Widened in L1-sized blocks (exact), copied as the raw 16-bit values.
+      constexpr int64_t kBlock = 512;
+      float a[kBlock];
+      const auto* in = static_cast<const uint16_t*>(src);
+      auto* out = static_cast<uint16_t*>(dst);
+      for (int64_t start = 0; start < n; start += kBlock) {
+        const int64_t m = std::min(kBlock, n - start);
+        if (out != nullptr) std::memcpy(out + start, in + start, static_cast<size_t>(m) * 2);
+        if (dtype == DataType::kFloat16) {
+          HalvesToFloats(in + start, a, m);
+        } else {
+          BFloat16sToFloats(in + start, a, m);
+        }
+        total += SquaresTyped<float>(nullptr, a, m);
+      }
+    } else if constexpr (std::is_same_v<T, bool>) {
+      total = SquaresTyped(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
+    } else {
+      total = SquaresTyped(static_cast<T*>(dst), static_cast<const T*>(src), n);
+    }
+  });
+  return total;
+}
+
 }  // namespace
 
 void ReduceInto(void* inout, const void* in, int64_t n, DataType dtype, ReduceOp op) {
@@ -300,6 +352,14 @@ void DivideBuffer(void* buf, int64_t n, DataType dtype, int64_t divisor) {
       DivideTyped(static_cast<T*>(buf), n, divisor);
     }
   });
+}
+
+double SquaredNorm(const void* buf, int64_t n, DataType dtype) {
+  return Squares(nullptr, buf, n, dtype);
+}
+
+double CopySquaredNorm(void* dst, const void* src, int64_t n, DataType dtype) {
+  return Squares(dst, src, n, dtype);
 }
 
 }  // namespace ops

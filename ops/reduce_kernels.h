@@ -23,6 +23,14 @@ void ScaleBuffer(void* buffer, int64_t count, DataType dtype, double factor);
 // would turn 6 * (1/3) into 1.999... and truncate it to 1.
 void DivideBuffer(void* buffer, int64_t count, DataType dtype, int64_t divisor);
 
+// The sum of squares of n elements, accumulated in float64 (float16 and bfloat16 widened
+// exactly first). Integers count as their values; bool as 0 or 1. For the gradient
+// statistics (common/state/grad_stats.h), computed on data the caller is touching anyway.
+double SquaredNorm(const void* buffer, int64_t count, DataType dtype);
+// Copies n elements from `src` to `dst` (which must not overlap) and returns their
+// SquaredNorm, in one pass: the copy into or out of the fusion buffer that also measures.
+double CopySquaredNorm(void* dst, const void* src, int64_t count, DataType dtype);
+
 // float16 (as uint16_t) to and from float32 for n elements, as HalfToFloat and FloatToHalf
 // (ops/half.h) give them, bit for bit except NaN payloads; with the CPU's F16C instructions
 // where it has them (HalfConversionsVectorized()).

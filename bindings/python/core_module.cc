@@ -82,9 +82,21 @@ std::vector<hvd::TensorView> ToViews(const std::vector<PyTensor>& ts) {
   return views;
 }
 
-hvd::AllreduceOptions Options(int op, double prescale, double postscale, int process_set) {
-  return hvd::AllreduceOptions{static_cast<hvd::ReduceOp>(op), prescale, postscale, process_set};
+hvd::AllreduceOptions Options(int op, double prescale, double postscale, int process_set,
+                             int stats_group, std::vector<int32_t> stats_groups = {}) {
+  return hvd::AllreduceOptions{static_cast<hvd::ReduceOp>(op), prescale,  postscale,
+                               process_set, stats_group, std::move(stats_groups)};
 }
+
+// The reductions' Python arguments: positional as before, then an optional stats group.
+#define HVD_REDUCTION_ARGS(first)                                                      \
+  py::arg(first), py::arg("output"), py::arg("name"), py::arg("op"), py::arg("prescale"), \
+      py::arg("postscale"), py::arg("process_set"), py::arg("stats_group") = -1
+// ... grouped: one stats group per member, or none.
+#define HVD_GROUPED_REDUCTION_ARGS                                                         \
+  py::arg("inputs"), py::arg("outputs"), py::arg("name"), py::arg("op"), py::arg("prescale"), \
+      py::arg("postscale"), py::arg("process_set"),                                         \
+      py::arg("stats_groups") = std::vector<int32_t>{}
 
 // Runtime-owned result memory, exposed as a writable 1-D byte buffer.
 struct ResultBuffer {
@@ -327,18 +339,25 @@ PYBIND11_MODULE(_core, m) {
   });
 
   // ---- operations: each returns a handle ----
-  m.def("allreduce_async", [](const PyTensor& in, const PyTensor& out, const std::string& name,
-                              int op, double pre, double post, int ps) {
-    PyCallSite at;
-    return Get(hvd::EnqueueAllreduce(ToView(in), ToView(out), name, Options(op, pre, post, ps)));
-  });
-  m.def("grouped_allreduce_async",
-        [](const std::vector<PyTensor>& ins, const std::vector<PyTensor>& outs,
-           const std::string& name, int op, double pre, double post, int ps) {
-          PyCallSite at;
-          return Get(hvd::EnqueueGroupedAllreduce(ToViews(ins), ToViews(outs), name,
-                                                  Options(op, pre, post, ps)));
-        });
+  m.def(
+      "allreduce_async",
+      [](const PyTensor& in, const PyTensor& out, const std::string& name, int op, double pre,
+         double post, int ps, int stats) {
+        PyCallSite at;
+        return Get(hvd::EnqueueAllreduce(ToView(in), ToView(out), name,
+                                         Options(op, pre, post, ps, stats)));
+      },
+      HVD_REDUCTION_ARGS("input"));
+  m.def(
+      "grouped_allreduce_async",
+      [](const std::vector<PyTensor>& ins, const std::vector<PyTensor>& outs,
+         const std::string& name, int op, double pre, double post, int ps,
+         const std::vector<int32_t>& stats) {
+        PyCallSite at;
+        return Get(hvd::EnqueueGroupedAllreduce(ToViews(ins), ToViews(outs), name,
+                                                Options(op, pre, post, ps, -1, stats)));
+      },
+      HVD_GROUPED_REDUCTION_ARGS);
   m.def("broadcast_async",
         [](const PyTensor& in, const PyTensor& out, int root, const std::string& name, int ps) {
           PyCallSite at;
@@ -359,19 +378,39 @@ PYBIND11_MODULE(_core, m) {
           PyCallSite at;
           return Get(hvd::EnqueueAlltoall(ToView(in), splits, name, ps));
         });
-  m.def("reducescatter_async", [](const PyTensor& in, const PyTensor& out, const std::string& name,
-                                  int op, double pre, double post, int ps) {
-    PyCallSite at;
-    return Get(
-        hvd::EnqueueReducescatter(ToView(in), ToView(out), name, Options(op, pre, post, ps)));
+  m.def(
+      "reducescatter_async",
+      [](const PyTensor& in, const PyTensor& out, const std::string& name, int op, double pre,
+         double post, int ps, int stats) {
+        PyCallSite at;
+        return Get(hvd::EnqueueReducescatter(ToView(in), ToView(out), name,
+                                             Options(op, pre, post, ps, stats)));
+      },
+      HVD_REDUCTION_ARGS("input"));
+  m.def(
+      "grouped_reducescatter_async",
+      [](const std::vector<PyTensor>& ins, const std::vector<PyTensor>& outs,
+         const std::string& name, int op, double pre, double post, int ps,
+         const std::vector<int32_t>& stats) {
+        PyCallSite at;
+        return Get(hvd::EnqueueGroupedReducescatter(ToViews(ins), ToViews(outs), name,
+                                                    Options(op, pre, post, ps, -1, stats)));
+      },
+      HVD_GROUPED_REDUCTION_ARGS);
+  // The squared norms measured into (process set, group) since the last call, which resets
+  // them: (local_sq, reduced_sq, elements, tensors). See hvd::TakeGradStats.
+  m.def("take_grad_stats", [](int ps, int group) {
+    hvd::GradStats s = Get(hvd::TakeGradStats(ps, group));
+    return py::make_tuple(s.local_sq, s.reduced_sq, s.elements, s.tensors);
   });
-  m.def("grouped_reducescatter_async",
-        [](const std::vector<PyTensor>& ins, const std::vector<PyTensor>& outs,
-           const std::string& name, int op, double pre, double post, int ps) {
-          PyCallSite at;
-          return Get(hvd::EnqueueGroupedReducescatter(ToViews(ins), ToViews(outs), name,
-                                                      Options(op, pre, post, ps)));
-        });
+  // Every group of the set: {group: (local_sq, reduced_sq, elements, tensors)}.
+  m.def("take_all_grad_stats", [](int ps) {
+    py::dict out;
+    for (const auto& [group, s] : Get(hvd::TakeAllGradStats(ps))) {
+      out[py::int_(group)] = py::make_tuple(s.local_sq, s.reduced_sq, s.elements, s.tensors);
+    }
+    return out;
+  });
   m.def("reducescatter_shape", [](const std::vector<int64_t>& shape, int ps) {
     return Get(hvd::ReducescatterShape(shape, ps));
   });

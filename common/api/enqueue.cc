@@ -112,6 +112,36 @@ Status CheckSameShapeOutput(const std::string& what, const TensorView& input,
   return Status::OK();
 }
 
+// Member i of a grouped reduction: its own stats group where the call gives one per member.
+// (A stats_groups list of the wrong length fails in CheckReduction.)
+AllreduceOptions MemberOptions(const AllreduceOptions& options, size_t i) {
+  if (i >= options.stats_groups.size()) return options;
+  AllreduceOptions member = options;
+  member.stats_group = options.stats_groups[i];
+  return member;
+}
+
+// stats_groups is one group per member of a grouped call (`members`), or empty; a single
+// tensor's call (members == 0) takes stats_group alone.
+Status CheckStatsGroups(const std::string& what, const AllreduceOptions& options,
+                        size_t members) {
+  const size_t n = options.stats_groups.size();
+  if (n == 0 || (members > 0 && n == members)) return Status::OK();
+  return Status::InvalidArgument(
+      what + ": " + std::to_string(n) + " stats groups for " +
+      (members == 0 ? std::string("a single tensor (use stats_group)")
+                    : std::to_string(members) + " tensors; give one per tensor or none"));
+}
+
+// The executor measures gradient statistics on host memory only.
+Status CheckStatsDevice(const std::string& what, const TensorView& input,
+                        const AllreduceOptions& options) {
+  if (options.stats_group < 0 || input.device == kCpuDevice) return Status::OK();
+  return Status::InvalidArgument(what +
+                                 ": gradient statistics (a stats group) are measured on host "
+                                 "tensors only; measure a CUDA tensor's norms in the framework");
+}
+
 Status CheckReduction(const std::string& what, const AllreduceOptions& options) {
   if (!IsValid(options.op)) {
     return Status::InvalidArgument(what + ": invalid reduction op code " +
@@ -124,6 +154,10 @@ Status CheckReduction(const std::string& what, const AllreduceOptions& options) 
   }
   if (!std::isfinite(options.prescale_factor) || !std::isfinite(options.postscale_factor)) {
     return Status::InvalidArgument(what + ": prescale and postscale factors must be finite");
+  }
+  if (options.stats_group < -1) {
+    return Status::InvalidArgument(what + ": stats group " + std::to_string(options.stats_group) +
+                                   " is invalid; use -1 (none) or a group number >= 0");
   }
   return Status::OK();
 }
@@ -226,11 +260,13 @@ Result<TensorTableEntry> AllreduceEntry(const TensorView& input, const TensorVie
   HVD_RETURN_IF_ERROR(CheckReduction(what, options));
   HVD_RETURN_IF_ERROR(CheckTensor(what, input, &output, /*allow_bool=*/false, true));
   HVD_RETURN_IF_ERROR(CheckSameShapeOutput(what, input, output));
+  HVD_RETURN_IF_ERROR(CheckStatsDevice(what, input, options));
   HVD_RETURN_IF_ERROR(MemberSet(what, options.process_set_id).status());
   TensorTableEntry e = NewEntry(OpType::kAllreduce, name, options.process_set_id, input, output);
   e.request.reduce_op = options.op;
   e.request.prescale_factor = options.prescale_factor;
   e.request.postscale_factor = options.postscale_factor;
+  e.stats_group = options.stats_group;
   return e;
 }
 
@@ -264,6 +300,7 @@ Result<TensorTableEntry> ReducescatterEntry(const TensorView& input, const Tenso
                                    ": a scalar cannot be scattered; the tensor needs at "
                                    "least one dimension");
   }
+  HVD_RETURN_IF_ERROR(CheckStatsDevice(what, input, options));
   HVD_ASSIGN_OR_RETURN(ProcessSetInfo set, MemberSet(what, options.process_set_id));
   TensorShape expected = input.shape;
   expected[0] = ReducescatterRows(input.shape[0], set.size, set.rank);
@@ -283,6 +320,7 @@ Result<TensorTableEntry> ReducescatterEntry(const TensorView& input, const Tenso
   e.request.reduce_op = options.op;
   e.request.prescale_factor = options.prescale_factor;
   e.request.postscale_factor = options.postscale_factor;
+  e.stats_group = options.stats_group;
   return e;
 }
 
@@ -321,6 +359,7 @@ Result<Handle> EnqueueAllreduce(const TensorView& input, const TensorView& outpu
                                 const std::string& name, const AllreduceOptions& options,
                                 StatusCallback callback) {
   HVD_RETURN_IF_ERROR(CheckRunning());
+  HVD_RETURN_IF_ERROR(CheckStatsGroups("allreduce", options, 0));
   HVD_ASSIGN_OR_RETURN(
       TensorTableEntry e,
       AllreduceEntry(input, output, NameOrDefault(name, OpType::kAllreduce), options));
@@ -411,6 +450,7 @@ Result<Handle> EnqueueReducescatter(const TensorView& input, const TensorView& o
                                     const std::string& name, const AllreduceOptions& options,
                                     StatusCallback callback) {
   HVD_RETURN_IF_ERROR(CheckRunning());
+  HVD_RETURN_IF_ERROR(CheckStatsGroups("reducescatter", options, 0));
   HVD_ASSIGN_OR_RETURN(
       TensorTableEntry e,
       ReducescatterEntry(input, output, NameOrDefault(name, OpType::kReducescatter), options));
@@ -433,11 +473,12 @@ Result<Handle> EnqueueGroupedAllreduce(const std::vector<TensorView>& inputs,
                                        const std::string& name, const AllreduceOptions& options,
                                        StatusCallback callback) {
   HVD_RETURN_IF_ERROR(CheckRunning());
+  HVD_RETURN_IF_ERROR(CheckStatsGroups("grouped allreduce", options, inputs.size()));
   return SubmitGroup(
       "allreduce", NameOrDefault(name, OpType::kAllreduce), inputs.size(),
       inputs.size() == outputs.size(),
       [&](size_t i, const std::string& member) {
-        return AllreduceEntry(inputs[i], outputs[i], member, options);
+        return AllreduceEntry(inputs[i], outputs[i], member, MemberOptions(options, i));
       },
       std::move(callback));
 }
@@ -459,11 +500,12 @@ Result<Handle> EnqueueGroupedReducescatter(const std::vector<TensorView>& inputs
                                            const std::string& name, const AllreduceOptions& options,
                                            StatusCallback callback) {
   HVD_RETURN_IF_ERROR(CheckRunning());
+  HVD_RETURN_IF_ERROR(CheckStatsGroups("grouped reducescatter", options, inputs.size()));
   return SubmitGroup(
       "reducescatter", NameOrDefault(name, OpType::kReducescatter), inputs.size(),
       inputs.size() == outputs.size(),
       [&](size_t i, const std::string& member) {
-        return ReducescatterEntry(inputs[i], outputs[i], member, options);
+        return ReducescatterEntry(inputs[i], outputs[i], member, MemberOptions(options, i));
       },
       std::move(callback));
 }

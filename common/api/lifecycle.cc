@@ -79,6 +79,7 @@ Status Init(const InitOptions& options) {
   rt.dynamic_process_sets = config.dynamic_process_sets;
   rt.queue.Reset();
   rt.counters.Reset();
+  rt.counters.grad_stats.Clear();
   // Every rank starts again together, so default names ("allreduce.noname.<n>") restart too:
   // an op that failed on one rank while the runtime was down must not shift its sequence.
   for (auto& n : rt.noname) n = 0;
@@ -174,6 +175,16 @@ Result<Stats> GetStats() {
   s.queued_tensors = R().queue.size();
   s.reserved_names = R().queue.reserved();
   return s;
+}
+
+Result<GradStats> TakeGradStats(int32_t process_set_id, int32_t group) {
+  HVD_RETURN_IF_ERROR(CheckStarted());
+  return R().counters.grad_stats.Take(process_set_id, group);
+}
+
+Result<std::vector<std::pair<int32_t, GradStats>>> TakeAllGradStats(int32_t process_set_id) {
+  HVD_RETURN_IF_ERROR(CheckStarted());
+  return R().counters.grad_stats.TakeAll(process_set_id);
 }
 
 int NcclBuilt() { return ops::NcclVersionCode(); }

@@ -58,6 +58,12 @@ int64_t OpExecutor::ChunkElements(DataType dtype) const {
   return std::max<int64_t>(1, chunk_bytes_ / DataTypeSize(dtype));
 }
 
+void OpExecutor::AddStats(const Response& r, const TensorTableEntry& e, double local_sq,
+                          double reduced_sq, int64_t elements) {
+  if (e.stats_group < 0 || e.input.data == nullptr) return;
+  counters_->grad_stats.Add(r.process_set_id, e.stats_group, local_sq, reduced_sq, elements, 1);
+}
+
 void OpExecutor::CountAllreduce(int32_t ps) {
   counters_->allreduce_calls.fetch_add(1, std::memory_order_relaxed);
   if (backend_->HierarchicalAllreduce(ps)) {
@@ -179,12 +185,23 @@ Status OpExecutor::ReduceDirect(const Response& r, const Set& set, size_t index,
   const bool aliased = in == out;
   // With a prescale, a copy is scaled and reduced in place: never the caller's input.
   const bool scale = r.prescale_factor != 1.0;
+  // Gradient statistics, chunk by chunk while each chunk is in cache: the input just before
+  // the collective (or during the prescale's copy), the result just after it is finished.
+  const bool measure = e.stats_group >= 0;
+  double local_sq = 0, reduced_sq = 0;
   for (int64_t off = 0; off < n; off += chunk) {
     const int64_t m = std::min(chunk, n - off);
     const int64_t at = off * elem;
     if (scale) {
-      if (!aliased) Copy(out + at, in + at, m * elem);
+      if (!aliased && measure) {
+        local_sq += ops::CopySquaredNorm(out + at, in + at, m, dtype);
+      } else {
+        if (measure) local_sq += ops::SquaredNorm(in + at, m, dtype);
+        if (!aliased) Copy(out + at, in + at, m * elem);
+      }
       ops::ScaleBuffer(out + at, m, dtype, r.prescale_factor);
+    } else if (measure) {
+      local_sq += ops::SquaredNorm(in + at, m, dtype);
     }
     CountAllreduce(r.process_set_id);
     {
@@ -193,7 +210,9 @@ Status OpExecutor::ReduceDirect(const Response& r, const Set& set, size_t index,
           r.process_set_id, aliased || scale ? nullptr : in + at, out + at, m, dtype, op));
     }
     FinishReduction(r, set, out + at, m);
+    if (measure) reduced_sq += ops::SquaredNorm(out + at, m, dtype);
   }
+  AddStats(r, e, local_sq, reduced_sq, n);
   return Status::OK();
 }
 
@@ -206,6 +225,8 @@ Status OpExecutor::ReducePacked(const Response& r, const Set& set,
   for (size_t k = 0; k < packed.size(); ++k) start[k + 1] = start[k] + r.tensor_sizes[packed[k]];
   const int64_t total = start.back();
   uint8_t* buf = Buffer(0, std::min(total, chunk) * elem);
+  // Gradient statistics of packed tensor k, measured by the copies in and out.
+  std::vector<double> local_sq(packed.size(), 0.0), reduced_sq(packed.size(), 0.0);
   size_t first = 0;  // first packed tensor overlapping the current chunk
   for (int64_t lo = 0; lo < total; lo += chunk) {
     const int64_t hi = std::min(total, lo + chunk);
@@ -220,11 +241,13 @@ Status OpExecutor::ReducePacked(const Response& r, const Set& set,
         const int64_t a = std::max(lo, start[k]), b = std::min(hi, start[k + 1]);
         const TensorTableEntry& e = entries[packed[k]];
         uint8_t* dst = buf + (a - lo) * elem;
+        const uint8_t* src = static_cast<const uint8_t*>(e.input.data) + (a - start[k]) * elem;
         if (e.input.data == nullptr) {
           std::memset(dst, 0, static_cast<size_t>((b - a) * elem));
+        } else if (e.stats_group >= 0) {
+          local_sq[k] += ops::CopySquaredNorm(dst, src, b - a, dtype);
         } else {
-          Copy(dst, static_cast<const uint8_t*>(e.input.data) + (a - start[k]) * elem,
-               (b - a) * elem);
+          Copy(dst, src, (b - a) * elem);
         }
       }
       ops::ScaleBuffer(buf, hi - lo, dtype, r.prescale_factor);
@@ -240,9 +263,16 @@ Status OpExecutor::ReducePacked(const Response& r, const Set& set,
       const int64_t a = std::max(lo, start[k]), b = std::min(hi, start[k + 1]);
       const TensorTableEntry& e = entries[packed[k]];
       if (e.output.data == nullptr) continue;
-      Copy(static_cast<uint8_t*>(e.output.data) + (a - start[k]) * elem, buf + (a - lo) * elem,
-           (b - a) * elem);
+      uint8_t* dst = static_cast<uint8_t*>(e.output.data) + (a - start[k]) * elem;
+      if (e.stats_group >= 0) {
+        reduced_sq[k] += ops::CopySquaredNorm(dst, buf + (a - lo) * elem, b - a, dtype);
+      } else {
+        Copy(dst, buf + (a - lo) * elem, (b - a) * elem);
+      }
     }
+  }
+  for (size_t k = 0; k < packed.size(); ++k) {
+    AddStats(r, entries[packed[k]], local_sq[k], reduced_sq[k], r.tensor_sizes[packed[k]]);
   }
   return Status::OK();
 }
@@ -395,10 +425,17 @@ Status OpExecutor::ExecuteReducescatter(const Response& r, const Set& set,
 
   if (count == 1 && r.prescale_factor == 1.0) {
     TensorTableEntry& e = entries.front();
-    auto scope = Collective(OpType::kReducescatter);
-    HVD_RETURN_IF_ERROR(backend_->ReduceScatter(r.process_set_id, e.input.data, e.output.data,
-                                                recv_counts, dtype, op));
+    const int64_t n_in = NumElements(e.input.shape);
+    const double local_sq = e.stats_group >= 0 ? ops::SquaredNorm(e.input.data, n_in, dtype) : 0;
+    {
+      auto scope = Collective(OpType::kReducescatter);
+      HVD_RETURN_IF_ERROR(backend_->ReduceScatter(r.process_set_id, e.input.data, e.output.data,
+                                                  recv_counts, dtype, op));
+    }
     FinishReduction(r, set, e.output.data, recv_counts[set.rank]);
+    const double reduced_sq =
+        e.stats_group >= 0 ? ops::SquaredNorm(e.output.data, recv_counts[set.rank], dtype) : 0;
+    AddStats(r, e, local_sq, reduced_sq, n_in);
     return Status::OK();
   }
 
@@ -406,6 +443,7 @@ Status OpExecutor::ExecuteReducescatter(const Response& r, const Set& set,
   const int64_t total = l.total;
   uint8_t* send = Buffer(0, total * elem);
   uint8_t* recv = Buffer(1, recv_counts[set.rank] * elem);
+  std::vector<double> local_sq(count, 0.0), reduced_sq(count, 0.0);  // statistics, per tensor
   {
     auto scope = CopyIn();
     std::vector<int64_t> taken(count, 0);  // bytes of tensor t already packed
@@ -413,7 +451,12 @@ Status OpExecutor::ExecuteReducescatter(const Response& r, const Set& set,
     for (size_t q = 0; q < n; ++q) {
       for (size_t t = 0; t < count; ++t) {
         const int64_t bytes = rows(t, q) * RowElements(entries[t].input.shape) * elem;
-        Copy(send + offset, static_cast<const uint8_t*>(entries[t].input.data) + taken[t], bytes);
+        const uint8_t* src = static_cast<const uint8_t*>(entries[t].input.data) + taken[t];
+        if (entries[t].stats_group >= 0) {
+          local_sq[t] += ops::CopySquaredNorm(send + offset, src, bytes / elem, dtype);
+        } else {
+          Copy(send + offset, src, bytes);
+        }
         taken[t] += bytes;
         offset += bytes;
       }
@@ -430,8 +473,14 @@ Status OpExecutor::ExecuteReducescatter(const Response& r, const Set& set,
   int64_t offset = 0;
   for (size_t t = 0; t < count; ++t) {
     const int64_t bytes = rows(t, set.rank) * RowElements(entries[t].input.shape) * elem;
-    Copy(entries[t].output.data, recv + offset, bytes);
+    if (entries[t].stats_group >= 0) {
+      reduced_sq[t] =
+          ops::CopySquaredNorm(entries[t].output.data, recv + offset, bytes / elem, dtype);
+    } else {
+      Copy(entries[t].output.data, recv + offset, bytes);
+    }
     offset += bytes;
+    AddStats(r, entries[t], local_sq[t], reduced_sq[t], NumElements(entries[t].input.shape));
   }
   return Status::OK();
 }

@@ -17,6 +17,9 @@
 //     per rank, which is unpacked tensor by tensor.
 //   reducescatter: rank-major, so that rank r's rows of every tensor are contiguous and one
 //     MPI_Reduce_scatter leaves them in r's receive buffer.
+// Tensors enqueued with a stats group (AllreduceOptions::stats_group) have their squared norms
+// measured by the copies into and out of the fusion buffer (ops::CopySquaredNorm), or chunk by
+// chunk around the collective when reduced where they live, and added to Counters::grad_stats.
 // Allgather and alltoall results are allocated here (their size is known only now) and left
 // in the entry's `result`.
 //
@@ -143,6 +146,10 @@ class OpExecutor {
   // Host scratch region `which` (0 or 1) of at least `bytes`, 64-byte aligned, kept across
   // calls.
   uint8_t* Buffer(int which, int64_t bytes);
+  // Adds entry `e`'s measured squared norms to its stats group (a no-op without one, or for a
+  // joined rank's stand-in).
+  void AddStats(const Response& r, const TensorTableEntry& e, double local_sq, double reduced_sq,
+                int64_t elements);
   // Counts one host allreduce call on set `ps` (and whether it is hierarchical).
   void CountAllreduce(int32_t ps);
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/horovod.h"
+#include "common/state/grad_stats.h"
 
 namespace hvd {
 
@@ -31,6 +32,8 @@ struct Counters {
   std::atomic<int64_t> cycle_time_us{-1};
   std::atomic<int64_t> cache_on{-1};
   std::atomic<int64_t> hierarchical_allreduce{-1};
+  // The squared norms of tensors enqueued with a stats group (adaptive training).
+  GradStatsTable grad_stats;
 
   template <typename Knobs>
   void PublishKnobs(const Knobs& k, uint64_t samples) {

@@ -35,6 +35,9 @@ struct TensorTableEntry {
   // Where the executor leaves a runtime-allocated result (allgather, alltoall, join, ...);
   // shared with the callback that hands it to the handle.
   std::shared_ptr<Output> result;
+  // Local only, never negotiated: the stats group this rank measures the tensor into
+  // (AllreduceOptions::stats_group; -1 = none).
+  int32_t stats_group = -1;
 };
 
 class TensorQueue {

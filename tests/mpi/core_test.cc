@@ -232,6 +232,145 @@ TEST(Core, PrescaleAndPostscale) {
   }
 }
 
+// Gradient statistics (AllreduceOptions::stats_group): the squared norms of each rank's inputs
+// (before any prescale) and of the results, summed per group, against sums computed here from
+// every rank's known contribution. Tensors small enough to be fused and large enough to run
+// alone (the chunked runs split both across calls), float32 and float64 in one group, a
+// prescaled Sum in another, an unmeasured tensor beside them, and reducescatter's shares.
+double StatValue(int r, int t, int64_t i) { return ((r + 1) * (i % 7) - 3 + t) * 0.25; }
+
+TEST(Core, GradStatsMeasureInputsAndResultsPerGroup) {
+  const std::vector<int64_t> sizes = {1, 3, 17, 300, 5000};
+  std::vector<std::vector<float>> f32(sizes.size());
+  std::vector<std::vector<double>> f64(sizes.size()), other(sizes.size());
+  std::vector<Handle> hs;
+  double local[2] = {0, 0}, reduced[2] = {0, 0};
+  int64_t elements[2] = {0, 0};
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    const int64_t n = sizes[t];
+    f32[t].resize(n);
+    f64[t].resize(n);
+    other[t].assign(n, 1.0);
+    for (int64_t i = 0; i < n; ++i) {
+      f32[t][i] = static_cast<float>(StatValue(R(), t, i));
+      f64[t][i] = StatValue(R(), t + 1, i);
+      local[0] += f32[t][i] * static_cast<double>(f32[t][i]);
+      local[1] += f64[t][i] * f64[t][i];
+      double sum32 = 0, sum64 = 0;
+      for (int r = 0; r < N(); ++r) {
+        sum32 += StatValue(r, t, i);
+        sum64 += StatValue(r, t + 1, i);
+      }
+      const double avg32 = sum32 / N(), scaled64 = 0.5 * 2.0 * sum64;  // prescale 2, postscale 0.5
+      reduced[0] += avg32 * avg32;
+      reduced[1] += scaled64 * scaled64;
+    }
+    elements[0] += n;
+    elements[1] += n;
+    const std::string k = std::to_string(t);
+    AllreduceOptions avg;
+    avg.stats_group = 0;
+    hs.push_back(*EnqueueAllreduce(View(f32[t].data(), {n}), View(f32[t].data(), {n}),
+                                   "stats.f32." + k, avg));
+    AllreduceOptions sum{ReduceOp::kSum, 2.0, 0.5};
+    sum.stats_group = 1;
+    hs.push_back(*EnqueueAllreduce(View(f64[t].data(), {n}), View(f64[t].data(), {n}),
+                                   "stats.f64." + k, sum));
+    hs.push_back(*EnqueueAllreduce(View(other[t].data(), {n}), View(other[t].data(), {n}),
+                                   "stats.none." + k, {ReduceOp::kSum}));
+  }
+  for (Handle h : hs) ASSERT_TRUE(Wait(h).ok());
+  for (int g = 0; g < 2; ++g) {
+    Result<GradStats> s = TakeGradStats(kGlobalProcessSetId, g);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_NEAR(s->local_sq, local[g], 1e-12 * local[g]) << "group " << g;
+    EXPECT_NEAR(s->reduced_sq, reduced[g], 1e-6 * reduced[g]) << "group " << g;
+    EXPECT_EQ(s->elements, elements[g]);
+    EXPECT_EQ(s->tensors, static_cast<int64_t>(sizes.size()));
+    // Taking resets the sums.
+    Result<GradStats> again = TakeGradStats(kGlobalProcessSetId, g);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->local_sq, 0.0);
+    EXPECT_EQ(again->tensors, 0);
+  }
+  EXPECT_EQ(TakeGradStats(kGlobalProcessSetId, 7)->elements, 0);  // nothing measured there
+
+  // Reducescatter, alone and grouped: local is the whole input, reduced this rank's share;
+  // the shares' sums over the ranks make the whole average's norm.
+  const int64_t cols = 5, rows = 2 * N() + 1;
+  std::vector<std::vector<double>> in(3, std::vector<double>(rows * cols));
+  double want_local = 0, want_global = 0;
+  for (int t = 0; t < 3; ++t) {
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      in[t][i] = StatValue(R(), t, i);
+      want_local += in[t][i] * in[t][i];
+      double sum = 0;
+      for (int r = 0; r < N(); ++r) sum += StatValue(r, t, i);
+      want_global += (sum / N()) * (sum / N());
+    }
+  }
+  const TensorShape share = *ReducescatterShape({rows, cols});
+  std::vector<std::vector<double>> out(3, std::vector<double>(NumElements(share)));
+  AllreduceOptions rs;
+  rs.stats_group = 3;
+  ASSERT_TRUE(Reducescatter(View(in[0].data(), {rows, cols}), View(out[0].data(), share),
+                            "stats.rs.alone", rs)
+                  .ok());
+  Handle g = *EnqueueGroupedReducescatter(
+      {View(in[1].data(), {rows, cols}), View(in[2].data(), {rows, cols})},
+      {View(out[1].data(), share), View(out[2].data(), share)}, "stats.rs.grouped", rs);
+  ASSERT_TRUE(Wait(g).ok());
+  GradStats s = *TakeGradStats(kGlobalProcessSetId, 3);
+  EXPECT_NEAR(s.local_sq, want_local, 1e-12 * want_local);
+  EXPECT_EQ(s.tensors, 3);
+  double mine = 0;
+  for (const auto& o : out) {
+    for (double v : o) mine += v * v;
+  }
+  EXPECT_NEAR(s.reduced_sq, mine, 1e-12 * mine + 1e-300);
+  double global = 0;
+  MPI_Allreduce(&s.reduced_sq, &global, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_NEAR(global, want_global, 1e-9 * want_global);
+
+  // A grouped allreduce with one group per member, read back in one TakeAll.
+  std::vector<std::vector<float>> parts(3, std::vector<float>(4));
+  std::vector<TensorView> views;
+  for (int t = 0; t < 3; ++t) {
+    for (int i = 0; i < 4; ++i) parts[t][i] = static_cast<float>(StatValue(R(), t, i));
+    views.push_back(View(parts[t].data(), {4}));
+  }
+  AllreduceOptions per;
+  per.stats_groups = {10, 12, 11};
+  Handle gh = *EnqueueGroupedAllreduce(views, views, "stats.grouped", per);
+  ASSERT_TRUE(Wait(gh).ok());
+  auto all = TakeAllGradStats(kGlobalProcessSetId);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 3u);
+  const int member_of[3] = {0, 2, 1};  // groups 10, 11, 12 in order
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ((*all)[k].first, 10 + k);
+    double want = 0;
+    for (int i = 0; i < 4; ++i)
+      want += StatValue(R(), member_of[k], i) * StatValue(R(), member_of[k], i);
+    EXPECT_NEAR((*all)[k].second.local_sq, want, 1e-12 * want) << k;
+    EXPECT_EQ((*all)[k].second.tensors, 1);
+  }
+  EXPECT_TRUE(TakeAllGradStats(kGlobalProcessSetId)->empty());
+  per.stats_groups = {1, 2};  // two groups for three tensors
+  Result<Handle> wrong = EnqueueGroupedAllreduce(views, views, "stats.wrong", per);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("2 stats groups for 3 tensors"), std::string::npos)
+      << wrong.status().ToString();
+
+  AllreduceOptions bad;
+  bad.stats_group = -2;
+  std::vector<float> x(3);
+  Result<Handle> r = EnqueueAllreduce(View(x.data(), {3}), View(x.data(), {3}), "stats.bad", bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("stats group -2"), std::string::npos)
+      << r.status().ToString();
+}
+
 TEST(Core, BroadcastFromEveryRootEveryDtype) {
   std::vector<DataType> types(std::begin(kNumericTypes), std::end(kNumericTypes));
   types.push_back(DataType::kBool);

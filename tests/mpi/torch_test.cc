@@ -543,6 +543,67 @@ TEST(TorchShardedOptimizer, MatchesOneProcessOnTheFullBatch) {
   }
 }
 
+// ---- gradient statistics (adaptive training) ------------------------------------------------
+
+// Sum of |grad|^2 over the model's parameters after a backward pass of `loss` (torch, float64).
+double GradSquares(Mlp& model, const Tensor& x, const Tensor& y) {
+  for (auto& p : model->parameters()) p.mutable_grad() = Tensor();
+  Loss(model, x, y).backward();
+  double s = 0;
+  for (auto& p : model->parameters()) s += p.grad().square().sum().item<double>();
+  return s;
+}
+
+TEST(TorchAdaptive, GradStatsOfBothOptimizersMatchTorchsNorms) {
+  auto batch = Batches(1, 1)[0][0];
+  const auto& [x, y] = batch;
+  const int64_t lo = R() * 4, hi = lo + 4;
+  Mlp plain = MakeModel();
+  const double local = GradSquares(plain, x.slice(0, lo, hi), y.slice(0, lo, hi));
+  const double global = GradSquares(plain, x, y);  // equal shards: the mean of the ranks' means
+  for (auto kind : {ht::Compression::kNone, ht::Compression::kFP16, ht::Compression::kBF16}) {
+    SCOPED_TRACE(static_cast<int>(kind));
+    Mlp model = MakeModel();
+    ht::DistributedOptimizerOptions options;
+    options.compression = kind;
+    options.stats_group = 4;
+    ht::DistributedOptimizer opt(
+        std::make_shared<::torch::optim::SGD>(model->parameters(), ::torch::optim::SGDOptions(0.1)),
+        model->named_parameters(), options);
+    StepOnShard(opt, model, batch);
+    hvd::GradStats s = opt.TakeGradStats();
+    // Compressed gradients are measured before compression: the local norm is exact.
+    EXPECT_NEAR(s.local_sq, local, 1e-12 * local);
+    EXPECT_NEAR(s.reduced_sq, global, (kind == ht::Compression::kNone ? 1e-12 : 2e-2) * global);
+    EXPECT_EQ(s.tensors, 4);
+    EXPECT_EQ(opt.TakeGradStats().tensors, 0);  // taken
+  }
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    Mlp model = MakeModel();
+    ht::ShardedOptimizerOptions options;
+    options.stage = stage;
+    options.bucket_cap_bytes = 200;
+    options.stats_group = 5;
+    ht::ShardedOptimizer opt(model->named_parameters(), SgdMomentum(), options);
+    opt.ZeroGrad();
+    Loss(model, x.slice(0, lo, hi), y.slice(0, lo, hi)).backward();
+    opt.Synchronize();
+    hvd::GradStats s = opt.TakeGradStats();
+    EXPECT_NEAR(s.local_sq, local, 1e-12 * local);
+    EXPECT_NEAR(s.reduced_sq, global, 1e-12 * global);
+    opt.Step();
+  }
+  ht::DistributedOptimizerOptions bad;
+  bad.compression = ht::Compression::kPowerSGD;
+  bad.stats_group = 0;
+  Mlp model = MakeModel();
+  EXPECT_THROW(ht::DistributedOptimizer(std::make_shared<::torch::optim::SGD>(
+                                            model->parameters(), ::torch::optim::SGDOptions(0.1)),
+                                        model->named_parameters(), bad),
+               ht::Error);
+}
+
 TEST(TorchShardedOptimizer, ChecksAndErrors) {
   Mlp model = MakeModel();
   ht::ShardedOptimizerOptions bad;

@@ -201,6 +201,48 @@ TEST(ReduceKernels, FloatScaling) {
   EXPECT_EQ(BFloat16ToFloat(b[0]), 6.0f);
 }
 
+TEST(ReduceKernels, SquaredNormAccumulatesInDouble) {
+  // 1e8 + 1 squared in float would lose the 1s; every length around the 4-way unrolling.
+  for (int n : {0, 1, 3, 4, 5, 7, 8, 1001}) {
+    std::vector<float> f(n);
+    double expected = 0;
+    for (int i = 0; i < n; ++i) {
+      f[i] = (i % 3 == 0 ? -1.0f : 1.0f) * (0.5f + static_cast<float>(i));
+      expected += static_cast<double>(f[i]) * static_cast<double>(f[i]);
+    }
+    EXPECT_EQ(SquaredNorm(f.data(), n, DataType::kFloat32), expected) << n;
+    std::vector<float> copy(n, 7.0f);
+    EXPECT_EQ(CopySquaredNorm(copy.data(), f.data(), n, DataType::kFloat32), expected) << n;
+    EXPECT_EQ(copy, f);
+  }
+  std::vector<float> big = {1e4f, 1.0f};  // 1e8 + 1: exact in double, not in float
+  EXPECT_EQ(SquaredNorm(big.data(), 2, DataType::kFloat32), 100000001.0);
+}
+
+TEST(ReduceKernels, SquaredNormOfEveryDtype) {
+  std::vector<double> d = {1.5, -2.0};
+  EXPECT_EQ(SquaredNorm(d.data(), 2, DataType::kFloat64), 6.25);
+  std::vector<int32_t> i = {-3, 4};
+  EXPECT_EQ(SquaredNorm(i.data(), 2, DataType::kInt32), 25.0);
+  std::vector<int8_t> i8 = {-128, 2};
+  EXPECT_EQ(SquaredNorm(i8.data(), 2, DataType::kInt8), 16388.0);
+  // Half types widen exactly; 600 of them cross the 512-element conversion block.
+  std::vector<uint16_t> h(600), b(600), hc(600), bc(600);
+  double expected = 0;
+  for (int k = 0; k < 600; ++k) {
+    const float v = static_cast<float>(k % 7) - 3.25f;  // exact in both half types
+    h[k] = FloatToHalf(v);
+    b[k] = FloatToBFloat16(v);
+    expected += static_cast<double>(v) * v;
+  }
+  EXPECT_EQ(SquaredNorm(h.data(), 600, DataType::kFloat16), expected);
+  EXPECT_EQ(SquaredNorm(b.data(), 600, DataType::kBFloat16), expected);
+  EXPECT_EQ(CopySquaredNorm(hc.data(), h.data(), 600, DataType::kFloat16), expected);
+  EXPECT_EQ(CopySquaredNorm(bc.data(), b.data(), 600, DataType::kBFloat16), expected);
+  EXPECT_EQ(hc, h);
+  EXPECT_EQ(bc, b);
+}
+
 }  // namespace
 }  // namespace ops
 }  // namespace hvd
