@@ -61,11 +61,18 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     if op == Adasum:
         return adasum_async([target], [target], name, prescale_factor, postscale_factor,
                              process_set, "allreduce", False)
+    return _allreduce_in_place(target, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def _allreduce_in_place(target, name, op, prescale_factor, postscale_factor, process_set,
+                        stats_group=-1):
+    """allreduce_async_ past its checks; ``stats_group`` >= 0 has the core measure the
+    tensor's squared norms into that group (adaptive training: ``_core.take_all_grad_stats``)."""
     # The per-gradient hot path: one description serves as input and output.
     desc = describe(target)
     handle = _core.allreduce_async(desc, desc, op_name("allreduce", name), op,
                                    float(prescale_factor), float(postscale_factor),
-                                   process_set_id(process_set))
+                                   process_set_id(process_set), stats_group)
     return register(handle, "single", target, target, None if desc[3] == CPU_DEVICE else
                      target.device)
 
@@ -111,7 +118,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 
 def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
-                             process_set):
+                             process_set, stats_groups=()):
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
     if op == Adasum:
@@ -125,7 +132,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     handle = _core.grouped_allreduce_async(
         [describe(t) for t in sources], [describe(o) for o in outputs],
         op_name("grouped_allreduce", name), op, float(prescale_factor), float(postscale_factor),
-        process_set_id(process_set))
+        process_set_id(process_set), list(stats_groups))
     return register(handle, "group", (sources, outputs), outputs)
 
 

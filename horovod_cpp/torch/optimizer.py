@@ -22,12 +22,14 @@ import torch
 from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.functions import broadcast_object
 from horovod_cpp.torch.basics import Adasum, Average, size
-from horovod_cpp.torch.collectives import (allreduce_async_, grouped_allreduce_async_,
+from horovod_cpp.torch.basics import _core
+from horovod_cpp.torch.collectives import (_allreduce_in_place, _grouped_allreduce_async,
+                                           allreduce_async_, grouped_allreduce_async_,
                                            sparse_allreduce_async)
 from horovod_cpp.torch.compression.powersgd import LowRankReduction, start_q_reductions
 from horovod_cpp.torch.grad_hooks import register_grad_ready_hook
 from horovod_cpp.torch.process_sets import global_process_set
-from horovod_cpp.torch.tensor_bridge import synchronize
+from horovod_cpp.torch.tensor_bridge import in_place_target, process_set_id, synchronize
 
 _TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before "
                     "call to step(). Increase backward_passes_per_step to accumulate gradients "
@@ -110,6 +112,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         self._reduced = False  # every gradient reduced, and no backward pass since
         self._in_flight = False  # a hook has started a reduction that nobody waited for yet
+        # Adaptive training (horovod_cpp.torch.adaptive, _measure_gradients): p -> the stats
+        # group its gradient's squared norms go into (None: nothing is measured); the gradients
+        # measured here rather than by the core (compressed or CUDA ones: p -> local squared
+        # norm); and the divisor of the averaged gradient (micro-batches summed per step).
+        self._stats_groups = None
+        self._framework_measured = {}
+        self._gradient_divisor = 1.0
 
         # groups: an int splits the parameters into that many groups (the split decided on
         # rank 0, so every rank agrees); a list of lists of parameters gives them explicitly.
@@ -195,11 +204,54 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 return work, None
         tensor_compressed, ctx = self._compress(p, tensor)
         prescale_factor, postscale_factor = self._scale_factors()
-        handle = allreduce_async_(tensor_compressed, name=name, op=self.op,
-                                  prescale_factor=prescale_factor,
-                                  postscale_factor=postscale_factor,
-                                  process_set=self.process_set)
+        group = self._stats_group(p, tensor, tensor_compressed)
+        if group >= 0:
+            handle = _allreduce_in_place(in_place_target(tensor_compressed, "allreduce_"), name,
+                                         self.op, prescale_factor, postscale_factor,
+                                         self.process_set, group)
+        else:
+            handle = allreduce_async_(tensor_compressed, name=name, op=self.op,
+                                      prescale_factor=prescale_factor,
+                                      postscale_factor=postscale_factor,
+                                      process_set=self.process_set)
         return handle, ctx
+
+    def _measure_gradients(self, groups):
+        """Adaptive training: measure each gradient's squared norms (before and after the
+        reduction) into ``groups[p]``, a stats group per parameter (None: stop measuring).
+        Taken after each step's reductions by ``_take_gradient_stats``."""
+        if groups is not None and self._powersgd is not None:
+            raise ValueError("adaptive training measures the exact gradients; it does not work "
+                             "with PowerSGD compression")
+        self._stats_groups = groups
+        self._framework_measured = {}
+
+    def _stats_group(self, p, tensor, wire):
+        """The stats group the core measures ``p``'s reduction into, or -1. A gradient sent
+        compressed, or on a GPU, is measured here instead: its local norm now, in float64 and
+        before compression, its reduced one when taken."""
+        if self._stats_groups is None or p not in self._stats_groups:
+            return -1
+        if wire is not tensor or tensor.device.type != "cpu":
+            self._framework_measured[p] = float(
+                torch.linalg.vector_norm(tensor, dtype=torch.float64)) ** 2
+            return -1
+        return self._stats_groups[p]
+
+    def _take_gradient_stats(self):
+        """{stats group: [local squared norm, reduced squared norm]} of the gradients reduced
+        since the last take; call it once the step's reductions are done."""
+        if self._stats_groups is None:
+            return {}
+        out = {g: [v[0], v[1]]
+               for g, v in _core.take_all_grad_stats(process_set_id(self.process_set)).items()}
+        for p, local in self._framework_measured.items():
+            reduced = float(torch.linalg.vector_norm(p.grad, dtype=torch.float64)) ** 2
+            entry = out.setdefault(self._stats_groups[p], [0.0, 0.0])
+            entry[0] += local
+            entry[1] += reduced
+        self._framework_measured = {}
+        return out
 
     def _compress(self, p, tensor):
         """compression.compress(tensor); for a compressor that can (fp16, bf16), into the
@@ -222,18 +274,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """(prescale, postscale) of a gradient allreduce. Average is split into a division
         before and after the sum, to avoid overflow of low-precision types: prescale 1/f,
         postscale f (the core divides by size)."""
+        divisor = self._gradient_divisor
         if self.op == Average:
-            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        return 1.0, 1.0
+            return 1.0 / (self.gradient_predivide_factor * divisor), \
+                self.gradient_predivide_factor
+        return 1.0 / divisor, 1.0
 
     def _grouped_allreduce_grad_async(self, ps):
         name = self._parameter_names.get(ps[0])
         tensors_compressed, ctxs = zip(*[self._compress(p, p.grad) for p in ps])
         prescale_factor, postscale_factor = self._scale_factors()
-        handle = grouped_allreduce_async_(list(tensors_compressed), name=name, op=self.op,
-                                          prescale_factor=prescale_factor,
-                                          postscale_factor=postscale_factor,
-                                          process_set=self.process_set)
+        if self._stats_groups is None:
+            handle = grouped_allreduce_async_(list(tensors_compressed), name=name, op=self.op,
+                                              prescale_factor=prescale_factor,
+                                              postscale_factor=postscale_factor,
+                                              process_set=self.process_set)
+        else:
+            groups = [self._stats_group(p, p.grad, t) for p, t in zip(ps, tensors_compressed)]
+            targets = [in_place_target(t, "grouped_allreduce_") for t in tensors_compressed]
+            handle = _grouped_allreduce_async(targets, targets, name, self.op, prescale_factor,
+                                              postscale_factor, self.process_set, groups)
         return handle, ctxs
 
     def _sparse_allreduce_grad_async(self, p, name):

@@ -265,6 +265,12 @@ TORCH_LAYERS = [
     ["sharding.stage3"],
     ["sharding"],
     ["elastic", "elastic.sampler", "elastic.state"],
+    # adaptive training: the shared state, the measurements, the loader, the controller
+    ["adaptive.context"],
+    ["adaptive.meter", "adaptive.accumulator"],
+    ["adaptive.data"],
+    ["adaptive.parallel"],
+    ["adaptive"],
     # the face, and the old paths kept for one release
     ["", "mpi_ops", "powersgd", "sharded", "sharded_model"],
 ]

@@ -101,6 +101,11 @@ class TorchState(ObjectState):
         self._saved_model_state = None
         self._saved_optimizer_state = None
         self._saved_compression = None
+        # An AdaptiveDataParallel model brings its adaptive state (epoch, loader positions,
+        # noise scale, throughput profile, configuration).
+        adaptive = getattr(model, "_hvd_adaptive_state", None)
+        if adaptive is not None and "adaptive" not in kwargs:
+            kwargs["adaptive"] = adaptive
         # Objects with state_dict/load_state_dict (an ElasticSampler) travel as their state.
         self._handled = {k: v for k, v in kwargs.items()
                          if hasattr(v, "state_dict") and hasattr(v, "load_state_dict")}

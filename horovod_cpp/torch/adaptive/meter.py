@@ -1,0 +1,93 @@
+"""The gradient measurements of one optimizer step, for the noise scale.
+
+With several ranks the core measures them while it reduces the gradients
+(``DistributedOptimizer._measure_gradients``: a stats group per parameter, so that the Adam
+preconditioner can weight each parameter): each rank's squared norm of its local gradient, and
+the reduced gradient's. With one rank there is no reduction to measure, and the meter keeps the
+previous step's gradient instead: two consecutive steps are two gradients of the same batch size
+(the difference estimator), at the price of one copy of the gradient per step.
+
+The Adam preconditioner (``AdamScale``) weights parameter p's norms by w_p^2, with
+w_p = 1 / mean(sqrt(v_p / (1 - beta2^t)) + eps) over p's elements: Adam's own update scale,
+one number per parameter tensor (AdaptDL weights each element; this needs no extra pass over
+the gradients, and is refreshed every ``refresh`` steps from the second moments)."""
+import torch
+
+
+class GradientMeter(object):
+    def __init__(self, optimizer, precondition=False, refresh=10):
+        self.optimizer = optimizer
+        self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.precondition = precondition
+        self.refresh = int(refresh)
+        self._weights = [1.0] * len(self.params)
+        self._steps = 0
+        self._previous = None  # one rank: the previous step's gradient, flat, float64
+
+    def start(self):
+        """Has the core measure every gradient from now on (several ranks)."""
+        if hasattr(self.optimizer, "_measure_gradients"):
+            self.optimizer._measure_gradients({p: i for i, p in enumerate(self.params)})
+
+    def stop(self):
+        if hasattr(self.optimizer, "_measure_gradients"):
+            self.optimizer._measure_gradients(None)
+
+    def discard(self):
+        """Drops what was measured since the last take (a step that did not happen)."""
+        if hasattr(self.optimizer, "_take_gradient_stats"):
+            self.optimizer._take_gradient_stats()
+
+    def _refresh_weights(self):
+        if not self.precondition or self._steps % self.refresh:
+            return
+        groups = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
+        for i, p in enumerate(self.params):
+            st = self.optimizer.state.get(p, {})
+            v, step = st.get("exp_avg_sq"), st.get("step")
+            if v is None or step is None:
+                continue
+            g = groups[id(p)]
+            beta2, eps = g.get("betas", (0.9, 0.999))[1], g.get("eps", 1e-8)
+            t = float(step)
+            correction = 1.0 - beta2 ** t if t > 0 else 1.0
+            scale = float((v / correction).sqrt().add_(eps).mean()) if v.numel() else 1.0
+            self._weights[i] = 1.0 / scale if scale > 0 else 1.0
+
+    def take(self):
+        """(local_sqr, global_sqr) of the step just reduced, with the preconditioner's weights:
+        local_sqr this rank's local gradient (before the reduction), global_sqr the averaged
+        one. Call after the reductions, before the optimizer's update."""
+        self._refresh_weights()
+        self._steps += 1
+        stats = self.optimizer._take_gradient_stats()
+        local = glob = 0.0
+        for group, (l, r) in stats.items():
+            w2 = self._weights[group] ** 2
+            local += w2 * l
+            glob += w2 * r
+        return local, glob
+
+    def take_consecutive(self):
+        """One rank: (mean of the two consecutive gradients' squared norms, squared norm of
+        their mean), or None at the first step; the pair counts as two gradients of the same
+        batch size averaged into twice the batch."""
+        self._refresh_weights()
+        self._steps += 1
+        self.discard()
+        parts = []
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            parts.append(p.grad.detach().reshape(-1).to(torch.float64) * self._weights[i])
+        current = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+        previous, self._previous = self._previous, current
+        if previous is None or previous.numel() != current.numel():
+            return None
+        local = 0.5 * (float(current.dot(current)) + float(previous.dot(previous)))
+        mean = (current + previous) * 0.5
+        return local, float(mean.dot(mean))
+
+    def reset(self):
+        """Forgets the previous gradient (after a resize or a restore)."""
+        self._previous = None

@@ -1,0 +1,381 @@
+"""AdaptiveDataParallel: the controller of adaptive training, with AdaptDL's name and arguments.
+
+It wraps a model and its optimizer (a plain torch optimizer becomes a horovod_cpp
+``DistributedOptimizer`` in place, so the user's own object keeps working, as AdaptDL's scripts
+expect), and on every optimizer step:
+
+1. waits for the gradient reductions, takes the squared norms the core measured during them
+   (``meter``), and starts one small asynchronous allreduce that averages this rank's local
+   norm and step times over the ranks; the result is used at the next step, so it never waits
+   on the network;
+2. scales the learning rate by the scaling rule's factor inside ``step()`` only (schedulers
+   keep seeing their base rate) and counts progress in steps at the initial batch size;
+3. at the loader's next step boundary (``begin_step``), every ``decide_every`` steps and on the
+   first step after the world's size changed, picks the global batch, the per-rank micro-batch
+   and the accumulation steps that maximise goodput (``horovod_cpp.adaptive.goodput``).
+
+Every rank decides alike without a broadcast: the noise scale and the throughput profile are
+built from values averaged over the ranks (the same bits everywhere), and the throughput fit,
+which runs on a background thread, is applied at the first step at which every rank reported
+it finished (a flag in the averaged values).
+"""
+import math
+import threading
+import time
+
+import torch
+
+from horovod_cpp.adaptive.goodput import GoodputModel
+from horovod_cpp.adaptive.noise import NoiseScale
+from horovod_cpp.adaptive.scaling import AdamScale, AdaScale, LEGWScale
+from horovod_cpp.adaptive.throughput import Profile
+from horovod_cpp.torch.basics import Average, cross_size, size
+from horovod_cpp.torch.collectives import allreduce_async
+from horovod_cpp.torch.compression import Compression
+from horovod_cpp.torch.optimizer import _DistributedOptimizer
+from horovod_cpp.torch.process_sets import global_process_set
+from horovod_cpp.torch.tensor_bridge import synchronize
+from horovod_cpp.torch.adaptive.context import CONTEXT, Progress
+from horovod_cpp.torch.adaptive.meter import GradientMeter
+
+_ADAM = (torch.optim.Adam, torch.optim.AdamW)
+
+
+def _distributed(optimizer, model, process_set):
+    """``optimizer`` itself, made a horovod_cpp DistributedOptimizer if it is not one yet (its
+    class swapped in place: a scheduler made over it keeps working on the same object)."""
+    if getattr(optimizer, "_is_horovod_cpp_distributed", False):
+        return optimizer
+    if hasattr(optimizer, "_elastic_reshard"):
+        raise NotImplementedError(
+            "AdaptiveDataParallel does not take a ShardedOptimizer yet; wrap a plain optimizer "
+            "or an hvd.DistributedOptimizer")
+    if optimizer.state:
+        raise ValueError("AdaptiveDataParallel needs an optimizer that has not stepped yet (it "
+                         "makes it a DistributedOptimizer in place)")
+    groups = optimizer.__dict__.pop("param_groups")
+    base = optimizer.__class__
+    optimizer.__class__ = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
+    _DistributedOptimizer.__init__(optimizer, groups, list(model.named_parameters()),
+                                   Compression.none, 1, Average, 1.0, None, False, process_set)
+    return optimizer
+
+
+class AdaptiveState(object):
+    """What adaptive training keeps across an elastic reset and in a checkpoint: the epoch and
+    the loaders' positions, the noise-scale average, the throughput profile, the progress and
+    the chosen configuration. Plain numbers (loads with ``torch.load(weights_only=True)``).
+    ``hvd.elastic.TorchState(model, optimizer)`` picks it up from an AdaptiveDataParallel
+    model by itself."""
+
+    def __init__(self, controller):
+        self._c = controller
+
+    def state_dict(self):
+        c = self._c
+        return {"progress": CONTEXT.progress.state_dict(),
+                "noise": c.noise.state_dict() if c.noise is not None else None,
+                "profile": c.profile.state_dict(), "steps": int(c.steps),
+                "scale_progress": float(c.scale_progress),
+                "config": [int(c.atomic_bsz), int(c.accumulation_steps)],
+                "perf": list(c._perf) if c._perf is not None else None}
+
+    def load_state_dict(self, state):
+        c = self._c
+        CONTEXT.progress.load_state_dict(state["progress"])
+        if state["noise"] is not None:
+            c.noise = c.noise or NoiseScale(state["noise"]["horizon"])
+            c.noise.load_state_dict(state["noise"])
+        c.profile.load_state_dict(state["profile"])
+        c.steps = int(state["steps"])
+        c.scale_progress = float(state["scale_progress"])
+        c.atomic_bsz, c.accumulation_steps = (int(x) for x in state["config"])
+        c._perf = tuple(state["perf"]) if state["perf"] is not None else None
+        c._forget_pending()
+
+
+class AdaptiveDataParallel(torch.nn.Module):
+    """Wraps ``model`` for adaptive training; ``optimizer`` (a torch optimizer or an
+    ``hvd.DistributedOptimizer``) then steps with the learning rate scaled for the current
+    batch size. ``scaling_rule``: AdaScale (default), AdamScale (default for Adam and AdamW),
+    LinearScale, SqrtScale or LEGWScale. ``mp_scaler``: the ``torch.cuda.amp.GradScaler`` /
+    ``torch.amp.GradScaler`` in use, whose scale is divided out of the measured norms.
+    ``decide_every``: steps between batch-size decisions (always on the first step after a
+    resize). ``horizon_samples``: the noise scale's averaging horizon (default: 100 steps at
+    the initial batch size). ``lr_scheduler`` and ``name`` are accepted for AdaptDL
+    compatibility (the scheduler steps as the user calls it)."""
+
+    def __init__(self, model, optimizer, lr_scheduler=None, mp_scaler=None, scaling_rule=None,
+                 name="adaptdl-dataparallel", process_set=global_process_set, decide_every=20,
+                 horizon_samples=None):
+        super().__init__()
+        self.module = model
+        if scaling_rule is None:
+            scaling_rule = AdamScale() if isinstance(optimizer, _ADAM) else AdaScale()
+        self.scaling_rule = scaling_rule
+        self.optimizer = _distributed(optimizer, model, process_set)
+        self.lr_scheduler = lr_scheduler
+        self.mp_scaler = mp_scaler
+        self.name = name
+        self.process_set = process_set
+        self.decide_every = int(decide_every)
+        self._horizon = horizon_samples
+        self.meter = GradientMeter(self.optimizer, precondition=isinstance(scaling_rule, AdamScale))
+        self.meter.start()
+        self.noise = None
+        self.profile = Profile()
+        self.steps = 0               # optimizer steps taken
+        self.scale_progress = 0.0    # steps at the initial batch size they are worth
+        self.atomic_bsz = None       # the configuration (None until a loader sets it up)
+        self.accumulation_steps = 0
+        self.lr_factor = 1.0
+        self.gain = 1.0
+        self._ranks = None           # the world size the configuration was chosen for
+        self._perf = None            # the fitted PerfParams, once a fit has been applied
+        self._fit = None             # [thread, result] of the fit under way
+        self._pending = None         # (handle, config, global_sqr, local_bsz, global_bsz)
+        self._since_decision = 0
+        self._last_end = None
+        self._stepped = True         # the optimizer stepped since the last step boundary
+        self._step_norms = None      # this step's (local, global) squared norms
+        self.predicted_goodput = None
+        self.adaptive_state = AdaptiveState(self)
+        self._hvd_adaptive_state = self.adaptive_state  # found by hvd.elastic.TorchState
+        self._patch_optimizer()
+        if CONTEXT.controller is not None:  # one controller at a time: the old one's last
+            CONTEXT.controller._forget_pending()  # values are waited for, then it is done
+        CONTEXT.controllers += 1
+        self._stats_name = "adaptive.stats.%d" % CONTEXT.controllers  # the same on every rank
+        CONTEXT.controller = self
+        CONTEXT.progress = Progress()  # a new job: epoch 0 (a restore loads the saved one)
+
+    # ---- the model ------------------------------------------------------------------------
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    # ---- configuration --------------------------------------------------------------------
+
+    def _setup(self, loader):
+        """The first configuration: the initial batch split over the ranks, no accumulation."""
+        if self.noise is None:
+            horizon = self._horizon or 100 * loader.batch_size
+            self.noise = NoiseScale(horizon)
+        if self.atomic_bsz is None:
+            self.atomic_bsz = max(1, math.ceil(loader.batch_size / size()))
+            self.accumulation_steps = 0
+
+    def begin_step(self, loader):
+        """The loader is about to draw a step: (atomic_bsz, accumulation_steps) for it, chosen
+        again here when it is time to (see the module's docstring)."""
+        self._setup(loader)
+        if not self._stepped:
+            self.meter.discard()  # the last step did not happen (AMP skipped it)
+        self._stepped = False
+        ranks = size()
+        resized = self._ranks is not None and ranks != self._ranks
+        if resized:
+            self._forget_pending()
+            self.meter.reset()
+            self._last_end = None
+        self._ranks = ranks
+        if loader.max_batch_size is None:
+            self.atomic_bsz = max(1, math.ceil(loader.batch_size / ranks))
+            self.accumulation_steps = 0
+        elif resized or self._since_decision >= self.decide_every:
+            self._decide(loader, force=resized)
+        return self.atomic_bsz, self.accumulation_steps
+
+    def configure_step(self, accumulation_steps):
+        """The step about to be drawn has ``accumulation_steps + 1`` micro-batches per rank
+        (fewer than chosen in an epoch's last, short step): the optimizer reduces after that
+        many backward passes and divides their sum by their number."""
+        self.optimizer.set_backward_passes_per_step(accumulation_steps + 1)
+        self.optimizer._gradient_divisor = float(accumulation_steps + 1)
+
+    def _decide(self, loader, force):
+        fit = self._fit
+        if fit is not None and fit[1] is not None and (force or fit[2]):
+            self._perf = fit[1]
+            self._fit = None
+        if self._perf is None or self.noise is None or not self.noise.ready:
+            if force:  # no model yet: keep the global batch, re-split over the new world
+                batch = self.atomic_bsz * size() if self.atomic_bsz else loader.batch_size
+                self.atomic_bsz = max(1, math.ceil(batch / size()))
+            return
+        model = GoodputModel(self._perf, self.noise.grad_params(loader.batch_size),
+                             loader.batch_size)
+        current = None if force else (self.atomic_bsz, self.accumulation_steps)
+        best = model.optimize(max(1, cross_size()), size(), loader.max_batch_size,
+                              loader.local_bsz_bounds, loader.gradient_accumulation,
+                              current=current)
+        if best is not None:
+            self.atomic_bsz, self.accumulation_steps = best.atomic_bsz, best.accumulation_steps
+            self.predicted_goodput = best.goodput
+        self._since_decision = 0
+        self._start_fit()
+
+    def _start_fit(self):
+        if self._fit is not None or not len(self.profile):
+            return
+        snapshot = Profile()
+        snapshot.load_state_dict(self.profile.state_dict())
+        fit = [None, None, False]  # thread, result, every rank has finished it
+
+        def run():
+            fit[1] = snapshot.fit()
+
+        fit[0] = threading.Thread(target=run, name="horovod_cpp-adaptive-fit", daemon=True)
+        self._fit = fit
+        fit[0].start()
+
+    def _forget_pending(self):
+        """Drops the averaged values in flight (a reset ended the world they were sent in)."""
+        if self._pending is not None:
+            try:
+                synchronize(self._pending[0])
+            except Exception:  # noqa: BLE001  (aborted with the old world)
+                pass
+        self._pending = None
+
+    # ---- the step -------------------------------------------------------------------------
+
+    def _patch_optimizer(self):
+        opt = self.optimizer
+        base_step, base_zero_grad = opt.step, opt.zero_grad
+
+        def step(*args, **kwargs):
+            return self._step(base_step, *args, **kwargs)
+
+        def zero_grad(*args, **kwargs):
+            loader = CONTEXT.loader
+            if loader is not None and loader._micro > 0:
+                return None  # accumulating: keep the earlier micro-batches' gradients
+            return base_zero_grad(*args, **kwargs)
+
+        opt.step, opt.zero_grad = step, zero_grad
+
+    def _is_reduced_locally(self):
+        """One rank and no hooks: the optimizer reduces nothing, so it divides nothing."""
+        return size() == 1 and not getattr(self.optimizer, "_grad_accs", None)
+
+    def _step(self, base_step, *args, **kwargs):
+        loader = CONTEXT.loader
+        if loader is None:
+            raise RuntimeError("AdaptiveDataParallel: optimizer.step() outside an "
+                               "AdaptiveDataLoader's loop (the batch size would be unknown)")
+        if loader._micro < loader._accum:
+            return None  # an accumulation micro-batch: the step comes with the last one
+        entry = time.perf_counter()
+        opt = self.optimizer
+        if not getattr(opt, "_reduced", False):
+            opt.synchronize()
+        micro = loader._accum + 1
+        if self._is_reduced_locally() and micro > 1:
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        p.grad.div_(micro)
+        local_bsz, global_bsz, full = loader._step_sizes
+        self._measure(full, local_bsz, global_bsz, micro)
+        scale = global_bsz / loader.batch_size
+        grad = self.noise.grad_params(loader.batch_size) if self.noise.ready else None
+        if isinstance(self.scaling_rule, LEGWScale):
+            self.scaling_rule.epoch_progress = loader.epoch_progress()
+        self.lr_factor = self.scaling_rule.lr_factor(scale, grad)
+        self.gain = self.scaling_rule.progress(scale, grad)
+        base_lrs = [g["lr"] for g in opt.param_groups]
+        for g in opt.param_groups:
+            g["lr"] = g["lr"] * self.lr_factor
+        try:
+            with opt.skip_synchronize():
+                result = base_step(*args, **kwargs)
+        finally:
+            for g, lr in zip(opt.param_groups, base_lrs):
+                g["lr"] = lr
+        self.scale_progress += self.gain
+        self.steps += 1
+        self._since_decision += 1
+        self._stepped = True
+        end = time.perf_counter()
+        self._send(full, local_bsz, global_bsz, entry, end, micro)
+        return result
+
+    def _loss_scale_sq(self):
+        if self.mp_scaler is None or not self.mp_scaler.is_enabled():
+            return 1.0
+        return float(self.mp_scaler.get_scale()) ** 2
+
+    def _measure(self, full, local_bsz, global_bsz, micro):
+        """This step's norms into the noise scale: one rank, the difference estimator now;
+        several, the averaged values of the previous step (their allreduce has had a whole
+        step to finish)."""
+        self._receive()
+        if size() == 1:
+            pair = self.meter.take_consecutive()
+            if pair is not None and full:
+                s2 = self._loss_scale_sq()
+                self.noise.update(pair[0] / s2, pair[1] / s2, global_bsz, 2 * global_bsz)
+            self._step_norms = None
+            return
+        local, glob = self.meter.take()
+        s2 = self._loss_scale_sq()
+        divisor = float(micro) ** 2  # the core saw the micro-batches' sum
+        self._step_norms = (local / divisor / s2, glob / s2) if full else None
+
+    def _send(self, full, local_bsz, global_bsz, entry, end, micro):
+        """Starts the allreduce of this step's local norm, times and fit flag (Average)."""
+        step_seconds = end - self._last_end if self._last_end is not None else 0.0
+        compute_seconds = (entry - self._last_end) / micro if self._last_end is not None else 0.0
+        self._last_end = end
+        fit_done = 1.0 if self._fit is not None and not self._fit[0].is_alive() else 0.0
+        norms = self._step_norms if size() > 1 else None
+        values = torch.tensor([norms[0] if norms else 0.0, 1.0 if norms else 0.0,
+                               step_seconds, compute_seconds, fit_done], dtype=torch.float64)
+        config = (max(1, cross_size()), size(), self.atomic_bsz, micro - 1)
+        handle = allreduce_async(values, name=self._stats_name, op=Average,
+                                 process_set=self.process_set)
+        self._pending = (handle, config, norms[1] if norms else None, local_bsz, global_bsz,
+                         step_seconds > 0 and full)
+
+    def _receive(self):
+        if self._pending is None:
+            return
+        handle, config, glob, local_bsz, global_bsz, timed = self._pending
+        self._pending = None
+        values = synchronize(handle).tolist()
+        local, measured, step_seconds, compute_seconds, fit_done = values
+        if glob is not None and measured == 1.0:  # every rank measured the step
+            self.noise.update(local, glob, local_bsz, global_bsz)
+        if timed:
+            self.profile.record(*config, step_seconds, compute_seconds)
+        if self._fit is not None and fit_done == 1.0:
+            self._fit[2] = True
+        elif self._fit is None and self.noise.ready and len(self.profile):
+            self._start_fit()
+
+    # ---- reports --------------------------------------------------------------------------
+
+    def gradient_noise_scale(self):
+        """phi = B0 * var / sqr: the gradient noise scale in samples (None before it is
+        measured)."""
+        return self.noise.noise_scale() if self.noise is not None else None
+
+    def stats(self):
+        """The noise scale, the batch configuration, the learning-rate factor and gain, the
+        progress, and the goodput model's prediction for the current configuration."""
+        loader = CONTEXT.loader
+        b0 = loader.batch_size if loader is not None else None
+        batch = (self.atomic_bsz or 0) * (self.accumulation_steps + 1) * size()
+        predicted = None
+        if self._perf is not None and self.noise is not None and self.noise.ready and b0:
+            model = GoodputModel(self._perf, self.noise.grad_params(b0), b0)
+            predicted = model.goodput(max(1, cross_size()), size(), self.atomic_bsz,
+                                      self.accumulation_steps)
+        return {"noise_scale": self.gradient_noise_scale(), "batch_size": batch,
+                "local_bsz": self.atomic_bsz, "accumulation_steps": self.accumulation_steps,
+                "lr_factor": self.lr_factor, "gain": self.gain, "steps": self.steps,
+                "progress": self.scale_progress, "goodput": predicted,
+                "perf_params": list(self._perf) if self._perf is not None else None,
+                "sqr": self.noise.sqr if self.noise is not None else None,
+                "var": self.noise.var if self.noise is not None else None}

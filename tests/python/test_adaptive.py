@@ -1,0 +1,206 @@
+"""Adaptive training (horovod_cpp.torch.adaptive) on real ranks: the gradient noise scale
+measured from the core's norms against the exact value of a regression with known noise; a
+step against one process on the full batch (accumulation included); every sample of an epoch
+seen once while the configuration changes; the state's round trip through
+torch.load(weights_only=True); the Accumulator's sums."""
+import io
+import math
+
+import pytest
+import torch
+
+import horovod_cpp.torch as hvd
+import horovod_cpp.torch.adaptive as adl
+
+D, SIGMA2 = 10, 4.0
+
+
+class Indexed(torch.utils.data.Dataset):
+    """Sample i is (x_i, y_i, i), generated from a seed (the same on every rank)."""
+
+    def __init__(self, n, delta_w=None, seed=3):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, D, generator=g, dtype=torch.float64)
+        w_star = torch.randn(D, generator=g, dtype=torch.float64)
+        self.y = self.x @ w_star + math.sqrt(SIGMA2) * torch.randn(n, generator=g,
+                                                                  dtype=torch.float64)
+        self.w_star = w_star
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i], i
+
+
+def regression(w):
+    model = torch.nn.Linear(D, 1, bias=False).to(torch.float64)
+    with torch.no_grad():
+        model.weight.copy_(w.reshape(1, D))
+    return model
+
+
+def loss_of(model, x, y):
+    return 0.5 * ((model(x).reshape(-1) - y) ** 2).mean()
+
+
+class Targets(torch.utils.data.Dataset):
+    """y_i = mu + s * xi_i, xi_i Rademacher in DIM dimensions: a regression on a constant
+    feature whose per-sample gradient w - y_i has tr(Sigma) = s^2 * DIM exactly."""
+
+    def __init__(self, n, s, seed=3):
+        g = torch.Generator().manual_seed(seed)
+        self.mu = torch.zeros(DIM, dtype=torch.float64)
+        xi = torch.randint(0, 2, (n, DIM), generator=g).to(torch.float64) * 2 - 1
+        self.y = self.mu + s * xi
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.y[i]
+
+
+DIM = 64
+
+
+@pytest.mark.parametrize("local", [32])
+def test_noise_scale_of_a_regression_with_known_noise_within_ten_percent(local):
+    # Frozen weights (lr 0) at w = mu + 1/sqrt(DIM) in every coordinate: |G|^2 = 1,
+    # tr(Sigma) = s^2 DIM = 4, so phi = 4 samples. 200 steps of `local` samples per rank.
+    s, steps = 0.25, 200
+    b0 = local * hvd.size()
+    data = Targets(steps * b0, s)
+    model = torch.nn.Linear(1, DIM, bias=False).to(torch.float64)
+    with torch.no_grad():
+        model.weight.copy_((data.mu + DIM ** -0.5).reshape(DIM, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    model = adl.AdaptiveDataParallel(model, opt, horizon_samples=10 ** 9)
+    loader = adl.AdaptiveDataLoader(data, batch_size=b0, shuffle=True)
+    for y in loader:
+        opt.zero_grad()
+        pred = model(torch.ones(len(y), 1, dtype=torch.float64))
+        (0.5 * ((pred - y) ** 2).sum(1).mean()).backward()
+        opt.step()
+    model._receive()  # the last step's averaged norms
+    exact = s * s * DIM / 1.0
+    phi = adl.gradient_noise_scale()
+    assert phi == pytest.approx(exact, rel=0.10), (phi, exact, adl.stats())
+    assert model.noise.sqr == pytest.approx(1.0, rel=0.10)
+    assert model.noise.var == pytest.approx(exact, rel=0.10)
+    st = adl.stats()
+    assert st["steps"] == steps and st["batch_size"] == b0 and st["accumulation_steps"] == 0
+    assert st["noise_scale"] == phi
+
+
+def test_a_step_matches_one_process_on_the_full_batch_with_accumulation():
+    # Linear LR scaling, a forced configuration of 2 micro-batches of 3 per rank: each step
+    # must equal plain SGD on the step's whole global batch at lr x B / B0.
+    n, b0, lr = 97, 2 * hvd.size(), 0.05
+    data = Indexed(n)
+    w0 = torch.zeros(D, dtype=torch.float64)
+    model = regression(w0)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.5)
+    ref = regression(w0)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.5)
+    model = adl.AdaptiveDataParallel(model, opt, scaling_rule=adl.LinearScale(),
+                                     decide_every=10 ** 6)
+    loader = adl.AdaptiveDataLoader(data, batch_size=b0, shuffle=True, seed=5)
+    loader.autoscale_batch_size(64 * b0, gradient_accumulation=True)
+    model._setup(loader)
+    model.atomic_bsz, model.accumulation_steps = 3, 1
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(5))
+    seen = []
+    position = 0
+    for x, y, idx in loader:
+        seen.extend(idx.tolist())
+        opt.zero_grad()
+        loss_of(model, x, y).backward()
+        opt.step()
+        if loader.is_optim_step():
+            local, take, full = loader._step_sizes
+            batch = order[position:position + take]
+            position += take
+            ref_opt.zero_grad()
+            if full:
+                loss_of(ref, data.x[batch], data.y[batch]).backward()
+                for g in ref_opt.param_groups:
+                    g["lr"] = lr * take / b0
+                ref_opt.step()
+                assert torch.allclose(model.module.weight, ref.weight, rtol=1e-9, atol=1e-12)
+            else:
+                ref.weight.data.copy_(model.module.weight.data)  # a short last step
+    gathered = sorted(i for part in hvd.allgather_object(seen) for i in part)
+    assert gathered == sorted(order[:len(gathered)].tolist())
+    assert len(gathered) == len(set(gathered)) and n - len(gathered) < hvd.size()
+
+
+def test_every_sample_once_while_the_configuration_changes():
+    n = 211
+    data = Indexed(n)
+    model = regression(torch.zeros(D, dtype=torch.float64))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    model = adl.AdaptiveDataParallel(model, opt, decide_every=10 ** 6)
+    loader = adl.AdaptiveDataLoader(data, batch_size=hvd.size(), shuffle=True)
+    loader.autoscale_batch_size(100 * hvd.size(), gradient_accumulation=True)
+    plans = [(1, 0), (3, 2), (2, 0), (5, 1)]
+    seen, steps = [], 0
+    for epoch in adl.remaining_epochs_until(2):
+        mine = []
+        for x, y, idx in loader:
+            if loader._micro == 0:
+                model.atomic_bsz, model.accumulation_steps = plans[steps % len(plans)]
+            mine.extend(idx.tolist())
+            opt.zero_grad()
+            loss_of(model, x, y).backward()
+            opt.step()
+            if loader.is_optim_step():
+                steps += 1
+        everyone = sorted(i for part in hvd.allgather_object(mine) for i in part)
+        assert len(everyone) == len(set(everyone)), "a sample was seen twice"
+        assert n - len(everyone) < hvd.size(), "samples were skipped"
+        seen.append(everyone)
+    assert adl.current_epoch() is None
+
+
+def test_state_loads_with_weights_only_and_round_trips():
+    data = Indexed(40)
+    model = regression(torch.zeros(D, dtype=torch.float64))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    model = adl.AdaptiveDataParallel(model, opt)
+    assert isinstance(model.scaling_rule, adl.AdamScale)
+    loader = adl.AdaptiveDataLoader(data, batch_size=2 * hvd.size())
+    for step, (x, y, _) in enumerate(loader):
+        opt.zero_grad()
+        loss_of(model, x, y).backward()
+        opt.step()
+        if step == 3:
+            break
+    buf = io.BytesIO()
+    torch.save({"adaptive": model.adaptive_state.state_dict(), "optimizer": opt.state_dict()},
+               buf)
+    buf.seek(0)
+    # torch 1.13's weights-only unpickler has no floats at all (no optimizer state loads
+    # through it either); from torch 2 on it is the check that matters (the default from 2.6).
+    weights_only = int(torch.__version__.split(".")[0]) >= 2
+    loaded = torch.load(buf, weights_only=weights_only)
+    fresh = regression(torch.zeros(D, dtype=torch.float64))
+    again = adl.AdaptiveDataParallel(fresh, torch.optim.Adam(fresh.parameters(), lr=0.01))
+    again.adaptive_state.load_state_dict(loaded["adaptive"])
+    assert again.adaptive_state.state_dict() == model.adaptive_state.state_dict()
+    assert again.steps == 4
+
+
+def test_accumulator_sums_over_the_ranks():
+    acc = adl.Accumulator()
+    acc["loss"] += hvd.rank() + 1.0
+    acc["n"] += 2
+    with acc.synchronized():
+        assert acc["loss"] == sum(range(1, hvd.size() + 1))
+        assert acc["n"] == 2 * hvd.size()
+    acc["n"] += 1
+    assert acc["n"] == 2 * hvd.size() + 1  # the sum plus this rank's update
+    with acc.synchronized():
+        assert acc["n"] == 3 * hvd.size()
+    acc.reset()
+    assert acc["n"] == 0
