@@ -129,17 +129,17 @@ def test_reset_limit(tmp_path):
         d.run()
 
 
-def elastic_train(args, script_args, env=None):
+def elastic_train(args, script_args, env=None, example="elastic_train.py"):
     full = dict(os.environ)
     full.update(env or {})
     return subprocess.Popen([sys.executable, "-m", "horovod_cpp.runner"] + args +
-                            [sys.executable, os.path.join(ROOT, "examples", "elastic_train.py")]
+                            [sys.executable, os.path.join(ROOT, "examples", example)]
                             + script_args,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=full, cwd=HERE)
 
 
-def worker_pids(worker_id):
+def worker_pids(worker_id, example="elastic_train.py"):
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -151,7 +151,7 @@ def worker_pids(worker_id):
                 cmd = f.read()
         except OSError:
             continue
-        if (b"elastic_train.py" in cmd
+        if (example.encode() in cmd
                 and ("HOROVOD_ELASTIC_WORKER_ID=%s" % worker_id).encode() in env):
             pids.append(int(entry))
     return pids
@@ -216,3 +216,63 @@ def test_training_survives_a_killed_rank_and_resumes_from_the_last_commit(tmp_pa
         assert all("equal to the last commit True" in l for l in checks), text
         assert re.search(r"resharded the optimizer state( and the parameters)? over 2 ranks in "
                          r"[0-9.]+ s", text), text
+
+
+def run_adaptive(job, on_line, seconds=200):
+    out = []
+    deadline = time.monotonic() + seconds
+    for line in job.stdout:
+        out.append(line.rstrip("\n"))
+        on_line(line)
+        if time.monotonic() > deadline:
+            job.kill()
+            break
+    assert job.wait(30) == 0, "\n".join(out)
+    return "\n".join(out)
+
+
+RESIZE = (r"resize: (\d+) -> (\d+) ranks at ([0-9.]+), first step at the new size ended at "
+          r"([0-9.]+) with batch (\d+) \(micro (\d+) x (\d+)\)")
+
+
+@pytest.mark.parametrize("change", ["lose", "gain"])
+def test_adaptive_training_resizes_in_process_and_chooses_its_batch_again(tmp_path, change):
+    """examples/adaptive_train.py --elastic: a rank killed (3 -> 2) or a host added (2 -> 3);
+    the job goes on in process, chooses its batch for the new size on the first step there,
+    and still learns."""
+    hosts = [A + ":1", B + ":1"] + ([C + ":1"] if change == "lose" else [])
+    script, listing = discovery(tmp_path, hosts)
+    np_ = len(hosts)
+    job = elastic_train(["-np", str(np_), "--min-np", "2", "--max-np", "3",
+                         "--host-discovery-script", script],
+                        ["--elastic", "--epochs", "30", "--step-delay", "0.02",
+                         "--max-batch-size", "128", "--commit-every", "5", "--accumulation"],
+                        example="adaptive_train.py")
+    event = {}
+
+    def on_line(line):
+        if "at" in event or ("epoch   2  %d ranks" % np_) not in line:
+            return
+        time.sleep(0.3)
+        event["at"] = time.time()
+        if change == "lose":
+            for pid in worker_pids(B + ":0", example="adaptive_train.py"):
+                os.kill(pid, signal.SIGKILL)
+        else:
+            listing.write_text("".join(h + "\n" for h in hosts + [C + ":1"]))
+
+    text = run_adaptive(job, on_line)
+    print("\n".join(l for l in text.splitlines() if "resize" in l or "final" in l))
+    print("event at %.3f" % event.get("at", float("nan")))
+    assert "at" in event, text
+    after = 2 if change == "lose" else 3
+    final = re.search(r"final test accuracy: ([0-9.]+) \(%d ranks at the end" % after, text)
+    assert final and float(final.group(1)) >= 0.9, text
+    resizes = re.findall(RESIZE, text)
+    assert resizes, text
+    frm, to, noticed, first, batch, micro, passes = resizes[-1]
+    assert (int(frm), int(to)) == (np_, after), text
+    # The first step at the new size ran a configuration chosen for it: its global batch is
+    # the new size's ranks x micro-batch x micro-batches.
+    assert int(batch) == after * int(micro) * int(passes), text
+    assert float(first) - event["at"] < 30, text

@@ -1,6 +1,6 @@
 """Adaptive training in process, with AdaptDL's API (``adaptdl.torch``): each job picks its own
 global batch, per-rank micro-batch, accumulation steps and learning-rate factor by goodput,
-measured cheaply in the core, and picks again on the first step after an elastic resize.
+measured cheaply in the core, and picks again on the first step after an elastic resize::
 
     import horovod_cpp.torch as hvd
     import horovod_cpp.torch.adaptive as adl

@@ -1,4 +1,4 @@
-"""Accumulator: metrics summed over the ranks (AdaptDL's ``adaptdl.torch.Accumulator``).
+"""Accumulator: metrics summed over the ranks (AdaptDL's ``adaptdl.torch.Accumulator``)::
 
     accum = Accumulator()
     accum["loss_sum"] += loss.item() * len(batch)   # this rank's part

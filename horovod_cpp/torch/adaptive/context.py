@@ -38,7 +38,7 @@ class _Context(object):
         self.loader = None      # the AdaptiveDataLoader being iterated
         self.controller = None  # the AdaptiveDataParallel, once made
         self.controllers = 0    # made so far in this process (names their collectives)
-        self.in_epochs = False  # inside remaining_epochs_until
+        self.in_epochs = None   # inside remaining_epochs_until: its loop's token
 
 
 CONTEXT = _Context()

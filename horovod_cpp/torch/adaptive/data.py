@@ -33,13 +33,17 @@ def current_epoch():
 def remaining_epochs_until(epoch):
     """Yields the epochs from the current one (0 on a fresh start, the saved one after a
     restore) up to ``epoch`` (exclusive), as AdaptDL's."""
-    CONTEXT.in_epochs = True
+    # A loop that an elastic reset interrupted ends only when its generator is collected,
+    # maybe while the restarted loop runs: only the newest loop clears the flag.
+    token = object()
+    CONTEXT.in_epochs = token
     try:
         while CONTEXT.progress.epoch < epoch:
             yield CONTEXT.progress.epoch
             CONTEXT.progress.epoch += 1
     finally:
-        CONTEXT.in_epochs = False
+        if CONTEXT.in_epochs is token:
+            CONTEXT.in_epochs = None
 
 
 class AdaptiveDataLoader(object):
@@ -71,6 +75,7 @@ class AdaptiveDataLoader(object):
         self._accum = 0                  # micro-batches of the current step, less one
         self._step_sizes = (0, 0, True)  # local samples, global samples, a full step
         self._epoch = 0
+        self._iteration = None
 
     def autoscale_batch_size(self, max_batch_size, local_bsz_bounds=None,
                              gradient_accumulation=False):
@@ -144,6 +149,7 @@ class AdaptiveDataLoader(object):
         controller = CONTEXT.controller
         training = torch.is_grad_enabled() and controller is not None
         previous, CONTEXT.loader = CONTEXT.loader, self
+        token = self._iteration = object()  # (as in remaining_epochs_until)
         try:
             while True:
                 position = CONTEXT.progress.position(self.name, epoch)
@@ -185,5 +191,6 @@ class AdaptiveDataLoader(object):
             if not CONTEXT.in_epochs:
                 self._epoch += 1
         finally:
-            self._micro = self._accum = 0
-            CONTEXT.loader = previous
+            if self._iteration is token:
+                self._micro = self._accum = 0
+                CONTEXT.loader = previous if previous is not self else None

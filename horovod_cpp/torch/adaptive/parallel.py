@@ -77,7 +77,9 @@ class AdaptiveState(object):
                 "noise": c.noise.state_dict() if c.noise is not None else None,
                 "profile": c.profile.state_dict(), "steps": int(c.steps),
                 "scale_progress": float(c.scale_progress),
-                "config": [int(c.atomic_bsz), int(c.accumulation_steps)],
+                "config": ([int(c.atomic_bsz), int(c.accumulation_steps)]
+                           if c.atomic_bsz is not None else None),
+                "ranks": c._ranks, "since_decision": int(c._since_decision),
                 "perf": list(c._perf) if c._perf is not None else None}
 
     def load_state_dict(self, state):
@@ -89,8 +91,14 @@ class AdaptiveState(object):
         c.profile.load_state_dict(state["profile"])
         c.steps = int(state["steps"])
         c.scale_progress = float(state["scale_progress"])
-        c.atomic_bsz, c.accumulation_steps = (int(x) for x in state["config"])
+        if state["config"] is not None:
+            c.atomic_bsz, c.accumulation_steps = (int(x) for x in state["config"])
+        # The world size the configuration was chosen for: a rank that joins in a resize
+        # then sees the change as the others do, and every rank chooses again.
+        c._ranks = state["ranks"]
+        c._since_decision = int(state["since_decision"])
         c._perf = tuple(state["perf"]) if state["perf"] is not None else None
+        c._fit = None  # a fit in flight on some ranks only: every rank starts the next alike
         c._forget_pending()
 
 
@@ -138,6 +146,9 @@ class AdaptiveDataParallel(torch.nn.Module):
         self._last_end = None
         self._stepped = True         # the optimizer stepped since the last step boundary
         self._step_norms = None      # this step's (local, global) squared norms
+        # The resizes this process saw: step, sizes, when noticed, and when the first step at
+        # the new size ended with which configuration.
+        self.resizes = []
         self.predicted_goodput = None
         self.adaptive_state = AdaptiveState(self)
         self._hvd_adaptive_state = self.adaptive_state  # found by hvd.elastic.TorchState
@@ -178,6 +189,8 @@ class AdaptiveDataParallel(torch.nn.Module):
             self._forget_pending()
             self.meter.reset()
             self._last_end = None
+            self.resizes.append({"step": self.steps, "from": self._ranks, "to": ranks,
+                                 "at": time.time()})
         self._ranks = ranks
         if loader.max_batch_size is None:
             self.atomic_bsz = max(1, math.ceil(loader.batch_size / ranks))
@@ -298,6 +311,9 @@ class AdaptiveDataParallel(torch.nn.Module):
         self._since_decision += 1
         self._stepped = True
         end = time.perf_counter()
+        if self.resizes and "first_step" not in self.resizes[-1]:
+            self.resizes[-1].update(first_step=time.time(), batch_size=global_bsz,
+                                    local_bsz=self.atomic_bsz, accumulation_steps=micro - 1)
         self._send(full, local_bsz, global_bsz, entry, end, micro)
         return result
 
