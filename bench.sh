@@ -144,6 +144,14 @@ if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT;
     done
     echo "# gradient readiness: post-accumulate-grad hooks (PyTorch 2.1+) vs accumulator hooks"
     "${MPIRUN[@]}" .venv-pypi/bin/python examples/bench/grad_hooks.py
+    echo "# adaptive training's cost per step vs a plain DistributedOptimizer (FIGURE AD_*)"
+    for workload in mlp bert; do
+      blocks=(--blocks 16); [[ $workload == bert ]] && blocks=(--blocks 6 --steps 5)
+      for round in 1 2 3; do
+        "${MPIRUN[@]}" .venv-pypi/bin/python examples/bench/adaptive_overhead.py \
+          --workload "$workload" "${blocks[@]}"
+      done
+    done
     echo "# the same under plain mpirun -np 2 (default binding)"
     "${PLAIN[@]}" .venv/bin/python examples/bench/synthetic_train.py "${ST[@]}" --ids T5,T6 \
       --label _plain_mpirun

@@ -78,7 +78,8 @@ def main(argv=None):
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     model = adl.AdaptiveDataParallel(model, optimizer, decide_every=args.decide_every)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    if not args.elastic:  # (elastic: TorchState's sync broadcasts, on every rank alike)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     loader = adl.AdaptiveDataLoader(torch.utils.data.TensorDataset(x_train, y_train),
                                     batch_size=args.batch_size, shuffle=True)
     loader.autoscale_batch_size(args.max_batch_size, gradient_accumulation=args.accumulation)
@@ -133,10 +134,12 @@ def main(argv=None):
     if hvd.rank() == 0:
         for r in model.resizes:
             print("resize: %d -> %d ranks at %.3f, first step at the new size ended at %.3f "
-                  "with batch %s (micro %s x %s), chosen again at its first step"
+                  "with batch %s (micro %s x %s%s), chosen again at its first step"
                   % (r["from"], r["to"], r["at"], r.get("first_step", float("nan")),
                      r.get("batch_size"), r.get("local_bsz"),
-                     (r.get("accumulation_steps") or 0) + 1), flush=True)
+                     (r.get("accumulation_steps") or 0) + 1,
+                     "" if r.get("full", True) else "; the epoch's short last step"),
+                  flush=True)
         used = sorted({s["batch_size"] for s in series})
         print("final test accuracy: %.4f (%d ranks at the end; %d steps, %.1f s; batch sizes "
               "used: %s)" % (final, hvd.size(), len(series), time.time() - start,

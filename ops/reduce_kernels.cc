@@ -260,6 +260,73 @@ void VisitType(DataType dtype, F&& f) {
   }
 }
 
+#ifdef HVD_X86_KERNEL_COPIES
+// float32 squares summed in float64 on AVX2 + FMA: 16 floats per iteration widened to doubles
+// into four accumulators (a scalar loop cannot be vectorised: it would reorder the sum).
+bool CpuHasAvx2Fma() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
+  }();
+  return yes;
+}
+
+template <bool kCopy>
+__attribute__((target("avx2,fma"))) double FloatSquaresAvx2(float* dst, const float* src,
+                                                            int64_t n) {
+  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                    _mm256_setzero_pd()};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 x = _mm256_loadu_ps(src + i), y = _mm256_loadu_ps(src + i + 8);
+    if constexpr (kCopy) {
+      _mm256_storeu_ps(dst + i, x);
+      _mm256_storeu_ps(dst + i + 8, y);
+    }
+    const __m256d w[4] = {_mm256_cvtps_pd(_mm256_castps256_ps128(x)),
+                          _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)),
+                          _mm256_cvtps_pd(_mm256_castps256_ps128(y)),
+                          _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1))};
+    for (int k = 0; k < 4; ++k) acc[k] = _mm256_fmadd_pd(w[k], w[k], acc[k]);
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(_mm256_add_pd(acc[0], acc[1]),
+                                       _mm256_add_pd(acc[2], acc[3])));
+  double total = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  for (; i < n; ++i) {
+    if constexpr (kCopy) dst[i] = src[i];
+    total += static_cast<double>(src[i]) * static_cast<double>(src[i]);
+  }
+  return total;
+}
+#endif
+
+#ifdef HVD_X86_KERNEL_COPIES
+// buf[i] /= d (exactly as DivideTyped: one float division) and the squares of the results.
+__attribute__((target("avx2,fma"))) double FloatDivideSquaresAvx2(float* buf, int64_t n,
+                                                                  float d) {
+  const __m256 vd = _mm256_set1_ps(d);
+  __m256d acc[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_div_ps(_mm256_loadu_ps(buf + i), vd);
+    _mm256_storeu_ps(buf + i, x);
+    const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+    const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+    acc[0] = _mm256_fmadd_pd(lo, lo, acc[0]);
+    acc[1] = _mm256_fmadd_pd(hi, hi, acc[1]);
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(acc[0], acc[1]));
+  double total = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  for (; i < n; ++i) {
+    buf[i] = buf[i] / d;
+    total += static_cast<double>(buf[i]) * static_cast<double>(buf[i]);
+  }
+  return total;
+}
+#endif
+
 // Sum of squares in float64, with four independent accumulators so that the loop is not one
 // chain of dependent additions; when `dst` is set, each element is also stored there.
 template <typename T>
@@ -305,6 +372,18 @@ double Squares(void* dst, const void* src, int64_t n, DataType dtype) {
       }
     } else if constexpr (std::is_same_v<T, bool>) {
       total = SquaresTyped(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
+#ifdef HVD_X86_KERNEL_COPIES
+    } else if constexpr (std::is_same_v<T, float>) {
+      const auto* in = static_cast<const float*>(src);
+      auto* out = static_cast<float*>(dst);
+      if (!CpuHasAvx2Fma()) {
+        total = SquaresTyped(out, in, n);
+      } else if (out != nullptr) {
+        total = FloatSquaresAvx2<true>(out, in, n);
+      } else {
+        total = FloatSquaresAvx2<false>(nullptr, in, n);
+      }
+#endif
     } else {
       total = SquaresTyped(static_cast<T*>(dst), static_cast<const T*>(src), n);
     }
@@ -360,6 +439,16 @@ double SquaredNorm(const void* buf, int64_t n, DataType dtype) {
 
 double CopySquaredNorm(void* dst, const void* src, int64_t n, DataType dtype) {
   return Squares(dst, src, n, dtype);
+}
+
+double DivideBufferSquaredNorm(void* buf, int64_t n, DataType dtype, int64_t divisor) {
+#ifdef HVD_X86_KERNEL_COPIES
+  if (dtype == DataType::kFloat32 && CpuHasAvx2Fma()) {
+    return FloatDivideSquaresAvx2(static_cast<float*>(buf), n, static_cast<float>(divisor));
+  }
+#endif
+  DivideBuffer(buf, n, dtype, divisor);
+  return SquaredNorm(buf, n, dtype);
 }
 
 }  // namespace ops

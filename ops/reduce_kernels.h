@@ -30,6 +30,9 @@ double SquaredNorm(const void* buffer, int64_t count, DataType dtype);
 // Copies n elements from `src` to `dst` (which must not overlap) and returns their
 // SquaredNorm, in one pass: the copy into or out of the fusion buffer that also measures.
 double CopySquaredNorm(void* dst, const void* src, int64_t count, DataType dtype);
+// DivideBuffer, then returns the result's SquaredNorm; one pass for float32 (the Average that
+// finishes a reduction, measured as it is written).
+double DivideBufferSquaredNorm(void* buffer, int64_t count, DataType dtype, int64_t divisor);
 
 // float16 (as uint16_t) to and from float32 for n elements, as HalfToFloat and FloatToHalf
 // (ops/half.h) give them, bit for bit except NaN payloads; with the CPU's F16C instructions

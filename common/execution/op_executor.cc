@@ -143,6 +143,15 @@ void OpExecutor::FinishReduction(const Response& r, const Set& set, void* buf, i
   ops::ScaleBuffer(buf, n, r.dtype, r.postscale_factor);
 }
 
+double OpExecutor::FinishReductionSquaredNorm(const Response& r, const Set& set, void* buf,
+                                              int64_t n) {
+  if (r.reduce_op == ReduceOp::kAverage && r.postscale_factor == 1.0) {
+    return ops::DivideBufferSquaredNorm(buf, n, r.dtype, set.size);  // one pass
+  }
+  FinishReduction(r, set, buf, n);
+  return ops::SquaredNorm(buf, n, r.dtype);
+}
+
 // Tensors of at least one chunk are reduced where they live, so only small tensors pay for
 // the fusion copies; the fusion buffer is then reduced chunk by chunk, each chunk copied in,
 // reduced and copied out while it is still in cache. The call sequence depends only on the
@@ -209,8 +218,11 @@ Status OpExecutor::ReduceDirect(const Response& r, const Set& set, size_t index,
       HVD_RETURN_IF_ERROR(backend_->Allreduce(
           r.process_set_id, aliased || scale ? nullptr : in + at, out + at, m, dtype, op));
     }
-    FinishReduction(r, set, out + at, m);
-    if (measure) reduced_sq += ops::SquaredNorm(out + at, m, dtype);
+    if (measure) {
+      reduced_sq += FinishReductionSquaredNorm(r, set, out + at, m);
+    } else {
+      FinishReduction(r, set, out + at, m);
+    }
   }
   AddStats(r, e, local_sq, reduced_sq, n);
   return Status::OK();

@@ -142,6 +142,9 @@ class OpExecutor {
 
   // Average's division by the set size, then the postscale.
   static void FinishReduction(const Response& r, const Set& set, void* buf, int64_t n);
+  // The same, returning the result's squared norm (measured in the same pass where it can).
+  static double FinishReductionSquaredNorm(const Response& r, const Set& set, void* buf,
+                                           int64_t n);
 
   // Host scratch region `which` (0 or 1) of at least `bytes`, 64-byte aligned, kept across
   // calls.

@@ -119,6 +119,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._stats_groups = None
         self._framework_measured = {}
         self._gradient_divisor = 1.0
+        # Called once per step just before its first gradient reduction starts (adaptive
+        # training sends its per-step statistics with the gradients).
+        self._before_reductions = None
+        self._reductions_started = False
 
         # groups: an int splits the parameters into that many groups (the split decided on
         # rank 0, so every rank agrees); a list of lists of parameters gives them explicitly.
@@ -182,7 +186,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _register_hooks(self):
         _register_hooks(self)
 
+    def _start_reductions(self):
+        if not self._reductions_started:
+            self._reductions_started = True
+            if self._before_reductions is not None:
+                self._before_reductions()
+
     def _allreduce_grad_async(self, p):
+        self._start_reductions()
         if p.grad is None:
             # Gradient was not computed, but we still need to submit a tensor to allreduce as
             # one of the other ranks may have computed it (due to dynamic graphs): zeros, of
@@ -281,6 +292,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return 1.0 / divisor, 1.0
 
     def _grouped_allreduce_grad_async(self, ps):
+        self._start_reductions()
         name = self._parameter_names.get(ps[0])
         tensors_compressed, ctxs = zip(*[self._compress(p, p.grad) for p in ps])
         prescale_factor, postscale_factor = self._scale_factors()
@@ -402,6 +414,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handles.clear()
         self._in_flight = False
         self._reduced = True
+        self._reductions_started = False
         if self._powersgd is not None:
             self._powersgd.step_done([p.grad for p in self._requires_update
                                       if p.grad is not None and not p.grad.is_sparse])

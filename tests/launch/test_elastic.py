@@ -232,7 +232,7 @@ def run_adaptive(job, on_line, seconds=200):
 
 
 RESIZE = (r"resize: (\d+) -> (\d+) ranks at ([0-9.]+), first step at the new size ended at "
-          r"([0-9.]+) with batch (\d+) \(micro (\d+) x (\d+)\)")
+          r"([0-9.]+) with batch (\d+) \(micro (\d+) x (\d+)(; the epoch's short last step)?\)")
 
 
 @pytest.mark.parametrize("change", ["lose", "gain"])
@@ -270,9 +270,14 @@ def test_adaptive_training_resizes_in_process_and_chooses_its_batch_again(tmp_pa
     assert final and float(final.group(1)) >= 0.9, text
     resizes = re.findall(RESIZE, text)
     assert resizes, text
-    frm, to, noticed, first, batch, micro, passes = resizes[-1]
+    frm, to, noticed, first, batch, micro, passes, short = resizes[-1]
     assert (int(frm), int(to)) == (np_, after), text
     # The first step at the new size ran a configuration chosen for it: its global batch is
-    # the new size's ranks x micro-batch x micro-batches.
-    assert int(batch) == after * int(micro) * int(passes), text
+    # the new size's ranks x micro-batch x micro-batches (less in an epoch's short last step).
+    if short:
+        assert int(batch) < after * int(micro) * int(passes), text
+    else:
+        assert int(batch) == after * int(micro) * int(passes), text
+    if change == "gain":  # the added host's round was the only reset (no rank asked for one)
+        assert "asked for a reset" not in text, text
     assert float(first) - event["at"] < 30, text

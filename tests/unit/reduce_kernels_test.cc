@@ -217,6 +217,13 @@ TEST(ReduceKernels, SquaredNormAccumulatesInDouble) {
   }
   std::vector<float> big = {1e4f, 1.0f};  // 1e8 + 1: exact in double, not in float
   EXPECT_EQ(SquaredNorm(big.data(), 2, DataType::kFloat32), 100000001.0);
+  // 4097 x 4097^2 ~ 6.9e10 is exact in double; a float accumulator (24 bits) would round it.
+  // Long enough for the vector loop (16 floats at a time) and its tail.
+  std::vector<float> many(4097, 4097.0f), copy(4097);
+  const double want = 4097.0 * 4097.0 * 4097.0;
+  EXPECT_EQ(SquaredNorm(many.data(), 4097, DataType::kFloat32), want);
+  EXPECT_EQ(CopySquaredNorm(copy.data(), many.data(), 4097, DataType::kFloat32), want);
+  EXPECT_EQ(copy, many);
 }
 
 TEST(ReduceKernels, SquaredNormOfEveryDtype) {
@@ -241,6 +248,22 @@ TEST(ReduceKernels, SquaredNormOfEveryDtype) {
   EXPECT_EQ(CopySquaredNorm(bc.data(), b.data(), 600, DataType::kBFloat16), expected);
   EXPECT_EQ(hc, h);
   EXPECT_EQ(bc, b);
+}
+
+TEST(ReduceKernels, DivideBufferSquaredNormIsDivideThenSquaredNorm) {
+  for (int n : {0, 1, 7, 8, 9, 1000}) {
+    std::vector<float> a(n), b;
+    for (int i = 0; i < n; ++i) a[i] = static_cast<float>(i % 13) * 0.37f - 2.0f;
+    b = a;
+    const double norm = DivideBufferSquaredNorm(a.data(), n, DataType::kFloat32, 3);
+    DivideBuffer(b.data(), n, DataType::kFloat32, 3);
+    EXPECT_EQ(a, b) << n;  // the same float division, bit for bit
+    const double want = SquaredNorm(b.data(), n, DataType::kFloat32);
+    EXPECT_NEAR(norm, want, 1e-12 * want) << n;
+  }
+  std::vector<int32_t> k = {-7, 9};  // other dtypes: divide, then measure
+  EXPECT_EQ(DivideBufferSquaredNorm(k.data(), 2, DataType::kInt32, 2), 9.0 + 16.0);
+  EXPECT_EQ(k, (std::vector<int32_t>{-3, 4}));
 }
 
 }  // namespace

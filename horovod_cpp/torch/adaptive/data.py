@@ -15,6 +15,7 @@ a validation loader) the initial batch is split over the ranks.
 import math
 
 import torch
+from torch.utils.data import default_collate
 
 from horovod_cpp.torch.basics import rank, size
 from horovod_cpp.torch.adaptive.context import CONTEXT
@@ -129,8 +130,17 @@ class AdaptiveDataLoader(object):
         return torch.randperm(n, generator=g)
 
     def _load(self, indices):
+        """One micro-batch: fetched and collated here when the loading is in this process
+        (a DataLoader made per batch costs a few hundred microseconds), else through a
+        DataLoader with the given workers."""
+        kwargs = self._kwargs
+        if not kwargs.get("num_workers") and not kwargs.get("pin_memory"):
+            fetch = getattr(self.dataset, "__getitems__", None)
+            samples = fetch(indices) if fetch is not None else [self.dataset[i] for i in indices]
+            collate = kwargs.get("collate_fn") or default_collate
+            return collate(samples)
         loader = torch.utils.data.DataLoader(self.dataset, batch_size=len(indices),
-                                             sampler=indices, **self._kwargs)
+                                             sampler=indices, **kwargs)
         return next(iter(loader))
 
     def __len__(self):

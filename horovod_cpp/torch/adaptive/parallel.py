@@ -130,6 +130,7 @@ class AdaptiveDataParallel(torch.nn.Module):
         self._horizon = horizon_samples
         self.meter = GradientMeter(self.optimizer, precondition=isinstance(scaling_rule, AdamScale))
         self.meter.start()
+        self.optimizer._before_reductions = self._flush
         self.noise = None
         self.profile = Profile()
         self.steps = 0               # optimizer steps taken
@@ -141,7 +142,8 @@ class AdaptiveDataParallel(torch.nn.Module):
         self._ranks = None           # the world size the configuration was chosen for
         self._perf = None            # the fitted PerfParams, once a fit has been applied
         self._fit = None             # [thread, result] of the fit under way
-        self._pending = None         # (handle, config, global_sqr, local_bsz, global_bsz)
+        self._outbox = None          # a step's values to average, not yet sent (_send)
+        self._pending = None         # (handle, what they belong to): sent, not yet received
         self._since_decision = 0
         self._last_end = None
         self._stepped = True         # the optimizer stepped since the last step boundary
@@ -244,6 +246,7 @@ class AdaptiveDataParallel(torch.nn.Module):
 
     def _forget_pending(self):
         """Drops the averaged values in flight (a reset ended the world they were sent in)."""
+        self._outbox = None
         if self._pending is not None:
             try:
                 synchronize(self._pending[0])
@@ -313,7 +316,8 @@ class AdaptiveDataParallel(torch.nn.Module):
         end = time.perf_counter()
         if self.resizes and "first_step" not in self.resizes[-1]:
             self.resizes[-1].update(first_step=time.time(), batch_size=global_bsz,
-                                    local_bsz=self.atomic_bsz, accumulation_steps=micro - 1)
+                                    local_bsz=self.atomic_bsz, accumulation_steps=micro - 1,
+                                    full=full)
         self._send(full, local_bsz, global_bsz, entry, end, micro)
         return result
 
@@ -340,7 +344,10 @@ class AdaptiveDataParallel(torch.nn.Module):
         self._step_norms = (local / divisor / s2, glob / s2) if full else None
 
     def _send(self, full, local_bsz, global_bsz, entry, end, micro):
-        """Starts the allreduce of this step's local norm, times and fit flag (Average)."""
+        """This step's local norm, times and fit flag, to be averaged over the ranks. The
+        allreduce starts with the next step's first gradient reduction (``_flush``), when the
+        ranks are together anyway, so that it neither costs a negotiation round of its own nor
+        leaves a rank waiting in it; one rank has nothing to average and takes them now."""
         step_seconds = end - self._last_end if self._last_end is not None else 0.0
         compute_seconds = (entry - self._last_end) / micro if self._last_end is not None else 0.0
         self._last_end = end
@@ -348,18 +355,35 @@ class AdaptiveDataParallel(torch.nn.Module):
         norms = self._step_norms if size() > 1 else None
         values = torch.tensor([norms[0] if norms else 0.0, 1.0 if norms else 0.0,
                                step_seconds, compute_seconds, fit_done], dtype=torch.float64)
-        config = (max(1, cross_size()), size(), self.atomic_bsz, micro - 1)
+        meta = ((max(1, cross_size()), size(), self.atomic_bsz, micro - 1),
+                norms[1] if norms else None, local_bsz, global_bsz, step_seconds > 0 and full)
+        if size() == 1:
+            self._apply(values.tolist(), meta)
+        else:
+            self._outbox = (values, meta)
+
+    def _flush(self):
+        """Starts the allreduce of the values ``_send`` left (the optimizer calls it just
+        before its first gradient reduction of a step)."""
+        if self._outbox is None:
+            return
+        values, meta = self._outbox
+        self._outbox = None
         handle = allreduce_async(values, name=self._stats_name, op=Average,
                                  process_set=self.process_set)
-        self._pending = (handle, config, norms[1] if norms else None, local_bsz, global_bsz,
-                         step_seconds > 0 and full)
+        self._pending = (handle, meta)
 
     def _receive(self):
+        """The previous step's averaged values into the noise scale and the profile."""
+        self._flush()  # (a step with no reduction of its own: started here)
         if self._pending is None:
             return
-        handle, config, glob, local_bsz, global_bsz, timed = self._pending
+        handle, meta = self._pending
         self._pending = None
-        values = synchronize(handle).tolist()
+        self._apply(synchronize(handle).tolist(), meta)
+
+    def _apply(self, values, meta):
+        config, glob, local_bsz, global_bsz, timed = meta
         local, measured, step_seconds, compute_seconds, fit_done = values
         if glob is not None and measured == 1.0:  # every rank measured the step
             self.noise.update(local, glob, local_bsz, global_bsz)
