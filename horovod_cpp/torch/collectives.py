@@ -411,6 +411,14 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts reducing ``tensor`` over every rank and scattering dim 0: rank i keeps
     ``dim0 // size`` rows, the first ``dim0 % size`` ranks one more."""
+    return _reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                postscale_factor)
+
+
+def _reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor,
+                         stats_group=-1):
+    """reducescatter_async; ``stats_group`` >= 0 has the core measure the input's squared norm
+    (and this rank's share's) into that group (adaptive training)."""
     _reducescatter_check_op(op)
     check_tensor(tensor, "reducescatter")
     source = tensor.contiguous()
@@ -419,7 +427,8 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     output = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
     handle = _core.reducescatter_async(describe(source), describe(output),
                                        op_name("reducescatter", name), op,
-                                       float(prescale_factor), float(postscale_factor), ps)
+                                       float(prescale_factor), float(postscale_factor), ps,
+                                       stats_group)
     return register(handle, "single", (source, output), output)
 
 

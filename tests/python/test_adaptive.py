@@ -33,11 +33,37 @@ class Indexed(torch.utils.data.Dataset):
         return self.x[i], self.y[i], i
 
 
-def regression(w):
-    model = torch.nn.Linear(D, 1, bias=False).to(torch.float64)
+def regression(w, bias=False):
+    model = torch.nn.Linear(D, 1, bias=bias).to(torch.float64)
     with torch.no_grad():
         model.weight.copy_(w.reshape(1, D))
+        if bias:
+            model.bias.zero_()
     return model
+
+
+KINDS = ["distributed", "sharded1", "sharded2", "sharded3"]
+
+
+def optimizer_for(kind, model, make):
+    """(model, optimizer) for AdaptiveDataParallel: ``make(params)`` builds a torch optimizer;
+    the sharded kinds wrap it as ShardedOptimizer stage 1, 2 or 3 (3: over hvd.shard_model)."""
+    if kind == "distributed":
+        return model, make(model.parameters())
+    stage = int(kind[-1])
+    if stage == 3:
+        hvd.shard_model(model)
+    cls = type(make([torch.zeros(1, requires_grad=True)]))
+    defaults = {k: v for k, v in make([torch.zeros(1, requires_grad=True)]).defaults.items()
+                if k in ("lr", "momentum")}
+    return model, hvd.ShardedOptimizer(model.named_parameters(), cls, stage=stage, **defaults)
+
+
+def weights(model, kind):
+    """The full parameters (gathered for stage 3)."""
+    if kind == "sharded3":
+        return {k: v for k, v in hvd.sharding_of(model).state_dict(to=None).items()}
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
 def loss_of(model, x, y):
@@ -64,17 +90,20 @@ class Targets(torch.utils.data.Dataset):
 DIM = 64
 
 
-@pytest.mark.parametrize("local", [32])
-def test_noise_scale_of_a_regression_with_known_noise_within_ten_percent(local):
-    # Frozen weights (lr 0) at w = mu + 1/sqrt(DIM) in every coordinate: |G|^2 = 1,
-    # tr(Sigma) = s^2 DIM = 4, so phi = 4 samples. 200 steps of `local` samples per rank.
+@pytest.mark.parametrize("kind", KINDS)
+def test_noise_scale_of_a_regression_with_known_noise_within_ten_percent(kind):
+    # Frozen weights (lr 0) at w = mu + 1/sqrt(DIM) in every coordinate, bias 0: the weight's
+    # and the bias's gradients are both w + b - y_i, so |G|^2 = 2 and tr(Sigma) = 2 s^2 DIM,
+    # and phi = s^2 DIM = 4 samples. 200 steps of 32 samples per rank. (Weight and bias share
+    # a bucket: the sharded stages divide it by the ranks before reducing it.)
     s, steps = 0.25, 200
-    b0 = local * hvd.size()
+    b0 = 32 * hvd.size()
     data = Targets(steps * b0, s)
-    model = torch.nn.Linear(1, DIM, bias=False).to(torch.float64)
+    model = torch.nn.Linear(1, DIM).to(torch.float64)
     with torch.no_grad():
         model.weight.copy_((data.mu + DIM ** -0.5).reshape(DIM, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        model.bias.zero_()
+    model, opt = optimizer_for(kind, model, lambda ps: torch.optim.SGD(ps, lr=0.0))
     model = adl.AdaptiveDataParallel(model, opt, horizon_samples=10 ** 9)
     loader = adl.AdaptiveDataLoader(data, batch_size=b0, shuffle=True)
     for y in loader:
@@ -86,22 +115,23 @@ def test_noise_scale_of_a_regression_with_known_noise_within_ten_percent(local):
     exact = s * s * DIM / 1.0
     phi = adl.gradient_noise_scale()
     assert phi == pytest.approx(exact, rel=0.10), (phi, exact, adl.stats())
-    assert model.noise.sqr == pytest.approx(1.0, rel=0.10)
-    assert model.noise.var == pytest.approx(exact, rel=0.10)
+    assert model.noise.sqr == pytest.approx(2.0, rel=0.10)
+    assert model.noise.var == pytest.approx(2 * exact, rel=0.10)
     st = adl.stats()
     assert st["steps"] == steps and st["batch_size"] == b0 and st["accumulation_steps"] == 0
     assert st["noise_scale"] == phi
 
 
-def test_a_step_matches_one_process_on_the_full_batch_with_accumulation():
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_step_matches_one_process_on_the_full_batch_with_accumulation(kind):
     # Linear LR scaling, a forced configuration of 2 micro-batches of 3 per rank: each step
     # must equal plain SGD on the step's whole global batch at lr x B / B0.
     n, b0, lr = 97, 2 * hvd.size(), 0.05
     data = Indexed(n)
     w0 = torch.zeros(D, dtype=torch.float64)
-    model = regression(w0)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.5)
-    ref = regression(w0)
+    model, opt = optimizer_for(kind, regression(w0, bias=True),
+                               lambda ps: torch.optim.SGD(ps, lr=lr, momentum=0.5))
+    ref = regression(w0, bias=True)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.5)
     model = adl.AdaptiveDataParallel(model, opt, scaling_rule=adl.LinearScale(),
                                      decide_every=10 ** 6)
@@ -111,13 +141,14 @@ def test_a_step_matches_one_process_on_the_full_batch_with_accumulation():
     model.atomic_bsz, model.accumulation_steps = 3, 1
     order = torch.randperm(n, generator=torch.Generator().manual_seed(5))
     seen = []
-    position = 0
+    position = step = 0
     for x, y, idx in loader:
         seen.extend(idx.tolist())
         opt.zero_grad()
         loss_of(model, x, y).backward()
         opt.step()
         if loader.is_optim_step():
+            step += 1
             local, take, full = loader._step_sizes
             batch = order[position:position + take]
             position += take
@@ -127,9 +158,14 @@ def test_a_step_matches_one_process_on_the_full_batch_with_accumulation():
                 for g in ref_opt.param_groups:
                     g["lr"] = lr * take / b0
                 ref_opt.step()
-                assert torch.allclose(model.module.weight, ref.weight, rtol=1e-9, atol=1e-12)
-            else:
-                ref.weight.data.copy_(model.module.weight.data)  # a short last step
+                got = weights(model.module, kind)
+                for name, want in ref.named_parameters():
+                    assert torch.allclose(got[name], want, rtol=1e-9, atol=1e-12), (name, step)
+            else:  # a short last step: the reference takes the trained parameters
+                got = weights(model.module, kind)
+                with torch.no_grad():
+                    for name, p in ref.named_parameters():
+                        p.copy_(got[name])
     gathered = sorted(i for part in hvd.allgather_object(seen) for i in part)
     assert gathered == sorted(order[:len(gathered)].tolist())
     assert len(gathered) == len(set(gathered)) and n - len(gathered) < hvd.size()

@@ -76,10 +76,16 @@ class GradientMeter(object):
         self._steps += 1
         self.discard()
         parts = []
-        for i, p in enumerate(self.params):
-            if p.grad is None:
+        if hasattr(self.optimizer, "_gradient_slices"):  # sharded: its slices (one rank: all)
+            grads = [g for _, g in self.optimizer._gradient_slices()]
+            weights = [1.0] * len(grads)
+        else:
+            grads = [p.grad for p in self.params]
+            weights = self._weights
+        for g, w in zip(grads, weights):
+            if g is None:
                 continue
-            parts.append(p.grad.detach().reshape(-1).to(torch.float64) * self._weights[i])
+            parts.append(g.detach().reshape(-1).to(torch.float64) * w)
         current = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
         previous, self._previous = self._previous, current
         if previous is None or previous.numel() != current.numel():

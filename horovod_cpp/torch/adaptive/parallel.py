@@ -19,6 +19,7 @@ built from values averaged over the ranks (the same bits everywhere), and the th
 which runs on a background thread, is applied at the first step at which every rank reported
 it finished (a flag in the averaged values).
 """
+import contextlib
 import math
 import threading
 import time
@@ -44,12 +45,9 @@ _ADAM = (torch.optim.Adam, torch.optim.AdamW)
 def _distributed(optimizer, model, process_set):
     """``optimizer`` itself, made a horovod_cpp DistributedOptimizer if it is not one yet (its
     class swapped in place: a scheduler made over it keeps working on the same object)."""
-    if getattr(optimizer, "_is_horovod_cpp_distributed", False):
+    if getattr(optimizer, "_is_horovod_cpp_distributed", False) or \
+            hasattr(optimizer, "_gradient_slices"):  # (a ShardedOptimizer, stages 1-3)
         return optimizer
-    if hasattr(optimizer, "_elastic_reshard"):
-        raise NotImplementedError(
-            "AdaptiveDataParallel does not take a ShardedOptimizer yet; wrap a plain optimizer "
-            "or an hvd.DistributedOptimizer")
     if optimizer.state:
         raise ValueError("AdaptiveDataParallel needs an optimizer that has not stepped yet (it "
                          "makes it a DistributedOptimizer in place)")
@@ -128,7 +126,10 @@ class AdaptiveDataParallel(torch.nn.Module):
         self.process_set = process_set
         self.decide_every = int(decide_every)
         self._horizon = horizon_samples
-        self.meter = GradientMeter(self.optimizer, precondition=isinstance(scaling_rule, AdamScale))
+        self._sharded = hasattr(self.optimizer, "_gradient_slices")
+        # (the Adam preconditioner weights parameters: a DistributedOptimizer's, for now)
+        self.meter = GradientMeter(self.optimizer, precondition=isinstance(
+            scaling_rule, AdamScale) and not self._sharded)
         self.meter.start()
         self.optimizer._before_reductions = self._flush
         self.noise = None
@@ -287,11 +288,6 @@ class AdaptiveDataParallel(torch.nn.Module):
         if not getattr(opt, "_reduced", False):
             opt.synchronize()
         micro = loader._accum + 1
-        if self._is_reduced_locally() and micro > 1:
-            for g in opt.param_groups:
-                for p in g["params"]:
-                    if p.grad is not None:
-                        p.grad.div_(micro)
         local_bsz, global_bsz, full = loader._step_sizes
         self._measure(full, local_bsz, global_bsz, micro)
         scale = global_bsz / loader.batch_size
@@ -303,8 +299,9 @@ class AdaptiveDataParallel(torch.nn.Module):
         base_lrs = [g["lr"] for g in opt.param_groups]
         for g in opt.param_groups:
             g["lr"] = g["lr"] * self.lr_factor
+        skip = getattr(opt, "skip_synchronize", None)  # (a sharded step does not reduce twice)
         try:
-            with opt.skip_synchronize():
+            with skip() if skip is not None else contextlib.nullcontext():
                 result = base_step(*args, **kwargs)
         finally:
             for g, lr in zip(opt.param_groups, base_lrs):
@@ -327,11 +324,14 @@ class AdaptiveDataParallel(torch.nn.Module):
         return float(self.mp_scaler.get_scale()) ** 2
 
     def _measure(self, full, local_bsz, global_bsz, micro):
-        """This step's norms into the noise scale: one rank, the difference estimator now;
-        several, the averaged values of the previous step (their allreduce has had a whole
-        step to finish)."""
+        """This step's norms into the noise scale, and the step's gradient made the mean over
+        its micro-batches where the optimizer summed them. One rank: the difference estimator
+        now. Several: the local norm is sent to be averaged (``_send``), and the averaged
+        values of the previous step, started with this step's reductions, are taken in."""
         self._receive()
+        opt = self.optimizer
         if size() == 1:
+            self._average_micro_batches(micro)
             pair = self.meter.take_consecutive()
             if pair is not None and full:
                 s2 = self._loss_scale_sq()
@@ -339,9 +339,30 @@ class AdaptiveDataParallel(torch.nn.Module):
             self._step_norms = None
             return
         local, glob = self.meter.take()
+        stats = getattr(opt, "_stats", None)
+        if stats is not None and stats.sums_passes:
+            glob /= float(micro) ** 2
+        if stats is not None and stats.local_per_pass:
+            # each micro-batch's own gradient: n = ranks x micro-batches of local_bsz / micro
+            local, b = local / micro, local_bsz // micro
+        else:
+            local, b = local / float(micro) ** 2, local_bsz  # the mean over the micro-batches
+        self._average_micro_batches(micro)
         s2 = self._loss_scale_sq()
-        divisor = float(micro) ** 2  # the core saw the micro-batches' sum
-        self._step_norms = (local / divisor / s2, glob / s2) if full else None
+        self._step_norms = (local / s2, glob / s2, b) if full else None
+
+    def _average_micro_batches(self, micro):
+        """Divides the step's gradient by its micro-batches where nobody did: a sharded
+        optimizer's slices (the passes' sum), one rank's DistributedOptimizer (no reduction)."""
+        if micro == 1:
+            return
+        if self._sharded:
+            self.optimizer._scale_gradients(1.0 / micro)
+        elif self._is_reduced_locally():
+            for g in self.optimizer.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        p.grad.div_(micro)
 
     def _send(self, full, local_bsz, global_bsz, entry, end, micro):
         """This step's local norm, times and fit flag, to be averaged over the ranks. The
@@ -356,7 +377,8 @@ class AdaptiveDataParallel(torch.nn.Module):
         values = torch.tensor([norms[0] if norms else 0.0, 1.0 if norms else 0.0,
                                step_seconds, compute_seconds, fit_done], dtype=torch.float64)
         meta = ((max(1, cross_size()), size(), self.atomic_bsz, micro - 1),
-                norms[1] if norms else None, local_bsz, global_bsz, step_seconds > 0 and full)
+                norms[1] if norms else None, norms[2] if norms else local_bsz, global_bsz,
+                step_seconds > 0 and full)
         if size() == 1:
             self._apply(values.tolist(), meta)
         else:

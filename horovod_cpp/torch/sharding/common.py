@@ -1,12 +1,13 @@
 """What every sharding stage checks and computes over its gradient slices: the gradient checks,
-the non-finite flag that AMP's GradScaler reads, clipping by the global norm, and the checks of
-saved per-rank state."""
+the non-finite flag that AMP's GradScaler reads, clipping by the global norm, the gradient
+statistics of adaptive training, and the checks of saved per-rank state."""
 import math
 
 import torch
 
-from horovod_cpp.torch.basics import HorovodNotSupportedError, Max, Sum
+from horovod_cpp.torch.basics import HorovodNotSupportedError, Max, Sum, _core
 from horovod_cpp.torch.collectives import allreduce
+from horovod_cpp.torch.tensor_bridge import process_set_id
 
 
 def check_gradient(p, name, passes, backward_passes_per_step, who):
@@ -35,6 +36,55 @@ def nonfinite_flag_grad(grads, process_set, name):
     flag = allreduce(torch.tensor([1.0 if nonfinite else 0.0]), op=Max, name=name,
                      process_set=process_set)
     return torch.full((1,), math.inf) if flag.item() > 0 else torch.zeros(1)
+
+
+class SliceStats(object):
+    """Adaptive training's gradient statistics for a sharded optimizer (the interface of
+    ``DistributedOptimizer._measure_gradients`` / ``_take_gradient_stats``), per flat buffer:
+
+    * local: the core measures each flat's input as it reduces it, every backward pass (a
+      pass's own gradient: ``local_per_pass``), times ``scale`` (size^2 where the flat was
+      divided by the number of ranks before the reduction); a compressed flat is measured
+      here before compression;
+    * reduced: each rank's slices of the reduced gradient, measured here (1/size of the
+      data) and summed over the ranks by one allreduce of one float64 per flat.
+
+    The slices' gradients are the sums over the passes (``sums_passes``)."""
+
+    local_per_pass = True
+    sums_passes = True
+
+    def __init__(self):
+        self.on = False
+        self._scale = {}       # flat -> what its measured local norm is multiplied by
+        self._framework = {}   # flat -> local squared norm measured here (compressed flats)
+
+    def group(self, index, scale, full, wire):
+        """The stats group of flat ``index``'s reduction of ``full`` sent as ``wire``
+        (``scale``: see above): its index, or -1 when not measuring or measured here."""
+        if not self.on:
+            return -1
+        self._scale[index] = scale
+        if wire is not full or full.device.type != "cpu":
+            self._framework[index] = self._framework.get(index, 0.0) + scale * float(
+                torch.linalg.vector_norm(full, dtype=torch.float64)) ** 2
+            return -1
+        return index
+
+    def take(self, slices, process_set, name):
+        """{flat: [local, reduced]} (collective); ``slices``: [(flat, its slice's gradient)]."""
+        core = _core.take_all_grad_stats(process_set_id(process_set))
+        mine = torch.tensor([float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2
+                             if g is not None and g.numel() else 0.0 for _, g in slices],
+                            dtype=torch.float64)
+        reduced = allreduce(mine, op=Sum, name=name, process_set=process_set).tolist() \
+            if len(slices) else []
+        out = {}
+        for (index, _), r in zip(slices, reduced):
+            local = core.get(index, (0.0,))[0] * self._scale.get(index, 1.0)
+            out[index] = [local + self._framework.get(index, 0.0), r]
+        self._framework = {}
+        return out
 
 
 def clip_slices_by_global_norm(grads, max_norm, norm_type, process_set, name):

@@ -35,10 +35,10 @@ import contextlib
 import torch
 
 from horovod_cpp.torch.basics import Average, HorovodNotSupportedError, Sum
-from horovod_cpp.torch.collectives import allgather_async, reducescatter_async
+from horovod_cpp.torch.collectives import _reducescatter_async, allgather_async
 from horovod_cpp.torch.grad_hooks import register_grad_ready_hook
 from horovod_cpp.torch.process_sets import global_process_set
-from horovod_cpp.torch.sharding.common import check_gradient, check_saved_ranks
+from horovod_cpp.torch.sharding.common import SliceStats, check_gradient, check_saved_ranks
 from horovod_cpp.torch.sharding.flat import (FlatBuffer, copy_overlap, empty_like,
                                              resize_storage, shard_range, storage_bytes)
 from horovod_cpp.torch.tensor_bridge import poll, synchronize
@@ -97,6 +97,8 @@ class ShardedModel(object):
         self.size, self.rank = process_set.size(), process_set.rank()
         self.units = self._make_units(model, auto_wrap)
         self.flats = [f for u in self.units for f in u.flats]
+        self.stats = SliceStats()  # adaptive training: the flats' gradient norms
+        self._flat_index = {id(f): k for k, f in enumerate(self.flats)}
         self.flat_of = {}
         self.names = {}
         for f in self.flats:
@@ -396,9 +398,12 @@ class ShardedModel(object):
             f.handles.append(f.grad_full)
         else:
             op = self.op if f.direct else Sum
-            f.handles.append(reducescatter_async(
-                f.grad_full, name="sharded3.reduce.%s.%d" % (f.label, f.launched), op=op,
-                process_set=self.process_set))
+            # (measured: a flat divided by the ranks before the reduction counts size^2 more)
+            scale = 1.0 if f.direct or self.op != Average else float(self.size) ** 2
+            group = self.stats.group(self._flat_index[id(f)], scale, f.grad_full, f.grad_full)
+            f.handles.append(_reducescatter_async(
+                f.grad_full, "sharded3.reduce.%s.%d" % (f.label, f.launched), op,
+                self.process_set, 1.0, 1.0, group))
         f.direct = False
         f.grad_full = None  # the handle keeps it until the reduction is done
         f.launched += 1

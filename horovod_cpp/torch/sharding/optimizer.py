@@ -36,13 +36,14 @@ import copy
 import torch
 
 from horovod_cpp.torch.basics import Average, HorovodNotSupportedError, Sum
-from horovod_cpp.torch.collectives import (allgather_async, allreduce_async_, grouped_allgather,
-                                           reducescatter_async)
+from horovod_cpp.torch.collectives import (_allreduce_in_place, _reducescatter_async,
+                                           allgather_async, grouped_allgather)
 from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.grad_hooks import register_grad_ready_hook
 from horovod_cpp.torch.process_sets import global_process_set
-from horovod_cpp.torch.sharding.common import (check_gradient, clip_slices_by_global_norm,
-                                               is_element_state, nonfinite_flag_grad)
+from horovod_cpp.torch.sharding.common import (SliceStats, check_gradient,
+                                               clip_slices_by_global_norm, is_element_state,
+                                               nonfinite_flag_grad)
 from horovod_cpp.torch.sharding.elastic import ElasticShards
 from horovod_cpp.torch.sharding.flat import Bucket, shard_range
 from horovod_cpp.torch.tensor_bridge import poll, synchronize
@@ -144,6 +145,8 @@ class ShardedOptimizer(ElasticShards, torch.optim.Optimizer):
         for b in self._buckets:
             for p in b.params:
                 self._hooks.append(self._register_hook(p))
+        self._stats = SliceStats()  # adaptive training (_measure_gradients)
+        self._stats.local_per_pass = stage != 1  # stage 1 reduces the passes' sum once
 
     # ---- construction ---------------------------------------------------------------------
 
@@ -292,18 +295,24 @@ class ShardedOptimizer(ElasticShards, torch.optim.Optimizer):
             else:
                 b.view(b.grad_flat, i).zero_()
         name = "sharded.%d.%d" % (b.index, b.launched)
+        # (measured: a bucket divided by the ranks before the reduction counts size^2 more)
+        scale = 1.0 if b.direct or self.op != Average else float(self._size) ** 2
         if self._size == 1:  # nothing to reduce with: the bucket's gradient is the result
             b.handles.append((b.grad_flat, None))
             b.direct = False
+            if self.stage == 2:  # the next pass writes a buffer of its own, not this result
+                b.grad_flat = None
         elif self.stage == 1:
             send, ctx = self._compression.compress(b.grad_flat)
-            b.handles.append((allreduce_async_(send, name=name, op=Sum,
-                                               process_set=self.process_set), ctx))
+            group = self._stats.group(b.index, scale, b.grad_flat, send)
+            b.handles.append((_allreduce_in_place(send, name, Sum, 1.0, 1.0, self.process_set,
+                                                  group), ctx))
         else:
             op = self.op if b.direct else Sum
             send, ctx = self._compression.compress(b.grad_flat)
-            b.handles.append((reducescatter_async(send, name=name, op=op,
-                                                  process_set=self.process_set), ctx))
+            group = self._stats.group(b.index, scale, b.grad_flat, send)
+            b.handles.append((_reducescatter_async(send, name, op, self.process_set, 1.0, 1.0,
+                                                   group), ctx))
             b.direct = False
             self._drain(wait=False)
             b.grad_flat = None  # the handle keeps it until the reduction is done
@@ -356,6 +365,32 @@ class ShardedOptimizer(ElasticShards, torch.optim.Optimizer):
     def synchronize(self):
         """Waits for the gradient reductions (as DistributedOptimizer.synchronize)."""
         self._finish_reductions()
+
+    # ---- adaptive training (horovod_cpp.torch.adaptive; see sharding.common.SliceStats) ----
+
+    def _measure_gradients(self, groups):
+        """Measures the buckets' gradient norms (``groups``: anything but None) or stops."""
+        self._stats.on = groups is not None
+
+    def _gradient_slices(self):
+        """[(stats group, this rank's slice of its reduced gradient)]."""
+        return [(b.index, b.shard.grad) for b in self._buckets]
+
+    def _take_gradient_stats(self):
+        """Collective, after the reductions: {bucket: [local, reduced]} (SliceStats)."""
+        return self._stats.take(self._gradient_slices(), self.process_set, "sharded.grad_stats")
+
+    def set_backward_passes_per_step(self, passes):
+        """Between steps: the backward passes per step from now on."""
+        if passes <= 0:
+            raise ValueError("backward_passes_per_step must be > 0")
+        self.backward_passes_per_step = passes
+
+    def _scale_gradients(self, factor):
+        """Multiplies the slices' reduced gradients by ``factor`` (accumulation's mean)."""
+        for _, g in self._gradient_slices():
+            if g is not None:
+                g.mul_(factor)
 
     def _reductions_pending(self):
         return bool(self.__dict__.get("_in_flight"))

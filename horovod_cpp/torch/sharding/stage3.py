@@ -76,6 +76,7 @@ class FullyShardedOptimizer(ShardedOptimizer):
         self.state = self.optim.state
         self._reduced = False
         self._consolidated = None
+        self._stats = sharding.stats  # adaptive training: the flats' (ShardedOptimizer's API)
 
     def _build_inner(self, hypers):
         """(Re)builds the wrapped optimizer over the parts of this rank's slices, one group per
@@ -130,6 +131,20 @@ class FullyShardedOptimizer(ShardedOptimizer):
 
     def _update_parameters(self):
         self.optim.step()   # nothing gathered: the next forward gathers what it uses
+
+    # ---- adaptive training (the flats of shard_model; see sharding.common.SliceStats) ------
+
+    def _gradient_slices(self):
+        return [(k, f.shard_grad) for k, f in enumerate(self.sharding.flats) if f.trainable]
+
+    def _take_gradient_stats(self):
+        return self._stats.take(self._gradient_slices(), self.process_set, "sharded3.grad_stats")
+
+    def set_backward_passes_per_step(self, passes):
+        """Between steps: the backward passes per step from now on (shard_model's)."""
+        if passes <= 0:
+            raise ValueError("backward_passes_per_step must be > 0")
+        self.sharding.backward_passes_per_step = passes
 
     # ---- checkpoints ----------------------------------------------------------------------
 
