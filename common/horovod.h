@@ -338,6 +338,12 @@ Result<Stats> GetStats();
 Status StartTimeline(const std::string& path, bool mark_cycles = false);
 // Finishes the file (valid JSON). A no-op when not recording.
 Status StopTimeline();
+// A counter event in the timeline: `values` (name, number) now, as one "C" event named `name`
+// on the process row (chrome://tracing draws each as a track). Rank 0 records it; a no-op on
+// the other ranks and while no timeline records. For a few events per step (adaptive
+// training's batch size, noise scale, learning-rate factor, ...), from any thread.
+Status TimelineCounter(const std::string& name,
+                       const std::vector<std::pair<std::string, double>>& values);
 
 // ---- PowerSGD's fused passes (valid before Init) -------------------------------------------
 

@@ -152,6 +152,15 @@ void Timeline::MarkCycleStart() {
   Push(kCycle, 0, "CYCLE_START", 0, NowNs());
 }
 
+void Timeline::Counter(const std::string& name,
+                       std::vector<std::pair<std::string, double>> values) {
+  if (!enabled()) return;
+  const int64_t now = NowNs();
+  MutexLock lock(mu_);
+  counters_.push_back(CounterEvent{now, gen_.load(std::memory_order_relaxed), name,
+                                   std::move(values)});
+}
+
 // ---- writer thread ---------------------------------------------------------------------------
 
 void Timeline::WriterMain() {
@@ -213,6 +222,12 @@ void Timeline::Drain() {
       names_[pid] = std::move(name);
     }
     new_names_.clear();
+    for (const CounterEvent& e : counters_) {
+      if (e.gen != file_gen_) continue;  // from a previous Start
+      out_ += ",\n";
+      AppendCounter(&out_, (e.ts_ns - file_start_ns_) / 1000, e.name, e.values);
+    }
+    counters_.clear();
   }
   uint64_t t = tail_.load(std::memory_order_relaxed);
   for (; t < h; ++t) {

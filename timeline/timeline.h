@@ -26,6 +26,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "base/mutex.h"
@@ -68,6 +69,12 @@ class Timeline {
   void RankReady(int32_t row, int rank);
   // A global CYCLE_START instant (only when started with mark_cycles).
   void MarkCycleStart();
+
+  // ---- any thread ----
+  // Counter `name` with these values now (a "C" event on the process row), for numbers the
+  // framework tracks (adaptive training's batch size, noise scale, ...). Takes the writer's
+  // lock: meant for a few events per step, not per tensor. No-op while not recording.
+  void Counter(const std::string& name, std::vector<std::pair<std::string, double>> values);
 
   // Events dropped since construction (ring full).
   uint64_t dropped_total() const { return dropped_.load(std::memory_order_relaxed); }
@@ -121,6 +128,13 @@ class Timeline {
   uint64_t commands_done_ HVD_GUARDED_BY(mu_) = 0;
   uint64_t commands_sent_ HVD_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<int32_t, std::string>> new_names_ HVD_GUARDED_BY(mu_);
+  struct CounterEvent {
+    int64_t ts_ns;
+    uint32_t gen;
+    std::string name;
+    std::vector<std::pair<std::string, double>> values;
+  };
+  std::vector<CounterEvent> counters_ HVD_GUARDED_BY(mu_);
   bool paused_ HVD_GUARDED_BY(mu_) = false;
 
   // Writer-owned.

@@ -1,6 +1,7 @@
 // horovod_cpp — Apache-2.0
 #include "timeline/trace_json.h"
 
+#include <cmath>
 #include <cstdio>
 
 namespace hvd {
@@ -115,6 +116,29 @@ void AppendInstant(std::string* out, int pid, const std::string& name, int64_t t
   *out += R"(,"pid":)";
   AppendInt(out, pid);
   *out += global ? R"(,"tid":0,"s":"g"})" : R"(,"tid":0,"s":"p"})";
+}
+
+void AppendCounter(std::string* out, int64_t ts_micros, const std::string& name,
+                   const std::vector<std::pair<std::string, double>>& values) {
+  *out += R"({"name":)";
+  AppendJsonString(out, name);
+  *out += R"(,"ph":"C","ts":)";
+  AppendInt(out, ts_micros);
+  *out += R"(,"pid":0,"args":{)";
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i) *out += ",";
+    AppendJsonString(out, values[i].first);
+    *out += ":";
+    const double v = values[i].second;
+    if (std::isfinite(v)) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.9g", v);
+      *out += buf;
+    } else {
+      *out += "null";
+    }
+  }
+  *out += "}}";
 }
 
 void AppendDroppedCounter(std::string* out, int64_t ts_micros, uint64_t dropped) {

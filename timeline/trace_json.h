@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace hvd {
 namespace timeline {
@@ -26,6 +28,11 @@ void AppendInstant(std::string* out, int pid, const std::string& name, int64_t t
                    bool global);
 // {"name":"dropped_events",...}: how many events the writer could not keep.
 void AppendDroppedCounter(std::string* out, int64_t ts_micros, uint64_t dropped);
+// {"name":NAME,"ph":"C","ts":T,"pid":0,"args":{KEY:VALUE,...}}: a counter track of the
+// process row (adaptive training's batch size, noise scale, ...). Non-finite values are
+// written as null, which chrome://tracing and Perfetto skip.
+void AppendCounter(std::string* out, int64_t ts_micros, const std::string& name,
+                   const std::vector<std::pair<std::string, double>>& values);
 
 }  // namespace timeline
 }  // namespace hvd

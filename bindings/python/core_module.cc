@@ -294,6 +294,10 @@ PYBIND11_MODULE(_core, m) {
     Check(hvd::StartTimeline(path, mark_cycles));
   });
   m.def("stop_timeline", [] { Check(hvd::StopTimeline()); });
+  m.def("timeline_counter",
+        [](const std::string& name, const std::vector<std::pair<std::string, double>>& values) {
+          Check(hvd::TimelineCounter(name, values));
+        });
 
   // ---- process sets ----
   m.def("process_set_ids", [] { return Get(hvd::ProcessSetIds()); });

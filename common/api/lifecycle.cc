@@ -151,6 +151,15 @@ Status StopTimeline() {
   return Status::OK();
 }
 
+Status TimelineCounter(const std::string& name,
+                       const std::vector<std::pair<std::string, double>>& values) {
+  detail::Runtime& rt = R();
+  MutexLock lock(rt.lifecycle_mu);  // the loop's timeline lives until Stop
+  HVD_RETURN_IF_ERROR(CheckRunning());
+  rt.loop.TimelineCounter(name, values);
+  return Status::OK();
+}
+
 Result<bool> Poll(Handle handle) { return R().handles.Poll(handle); }
 
 Status Wait(Handle handle) {

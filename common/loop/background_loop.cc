@@ -143,6 +143,11 @@ Status BackgroundLoop::StartTimeline(const std::string& path, bool mark_cycles) 
   return Status::OK();
 }
 
+void BackgroundLoop::TimelineCounter(const std::string& name,
+                                     std::vector<std::pair<std::string, double>> values) {
+  if (timeline_ != nullptr) timeline_->Counter(name, std::move(values));
+}
+
 void BackgroundLoop::StopTimeline() {
   if (!timeline_) return;
   const uint64_t dropped = timeline_->Stop();

@@ -88,6 +88,9 @@ class BackgroundLoop {
   // with Start/Stop.
   Status StartTimeline(const std::string& path, bool mark_cycles);
   void StopTimeline();
+  // A counter event (timeline::Timeline::Counter); a no-op where no timeline records.
+  void TimelineCounter(const std::string& name,
+                       std::vector<std::pair<std::string, double>> values);
 
  private:
   void ThreadMain();

@@ -3,6 +3,9 @@
 #include "timeline/timeline.h"
 
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
 #include <unistd.h>
 
 #include <cstdio>
@@ -60,6 +63,10 @@ TEST(TraceJson, EventShapes) {
   s.clear();
   AppendStartMetadata(&s, 1700000000000000);
   EXPECT_NE(s.find("\"start_time_since_epoch_in_micros\":1700000000000000"), std::string::npos);
+  s.clear();
+  AppendCounter(&s, 90, "adaptive", {{"batch_size", 128}, {"lr_factor", 1.5}, {"noise", NAN}});
+  EXPECT_EQ(s, R"({"name":"adaptive","ph":"C","ts":90,"pid":0,"args":{"batch_size":128,)"
+               R"("lr_factor":1.5,"noise":null}})");
 }
 
 std::string ReadFile(const std::string& path) {
@@ -95,6 +102,25 @@ TEST(Timeline, AStalledWriterDropsAndCountsInsteadOfBlocking) {
   EXPECT_EQ(Count(text, "\"name\":\"ALLREDUCE\""), 16u);
   EXPECT_NE(text.find("\"dropped_events\""), std::string::npos);
   EXPECT_NE(text.find("\"dropped\":84"), std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST(Timeline, CountersFromAnyThreadLandInTheirSession) {
+  Timeline t;
+  t.Counter("adaptive", {{"batch_size", 1}});  // not recording: dropped
+  const std::string path = TempPath("counter");
+  std::string error;
+  ASSERT_TRUE(t.Start(path, false, &error)) << error;
+  std::thread other([&] { t.Counter("adaptive", {{"batch_size", 64}, {"accumulation", 2}}); });
+  other.join();
+  t.Counter("adaptive", {{"batch_size", 128}, {"accumulation", 0}});
+  EXPECT_EQ(t.Stop(), 0u);
+  t.Counter("adaptive", {{"batch_size", 3}});  // stopped: dropped
+  const std::string text = ReadFile(path);
+  EXPECT_EQ(Count(text, "\"ph\":\"C\""), 2u) << text;
+  EXPECT_NE(text.find("\"batch_size\":64,\"accumulation\":2"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"batch_size\":128,\"accumulation\":0"), std::string::npos) << text;
+  EXPECT_EQ(text.substr(text.size() - 3), "\n]\n");
   std::remove(path.c_str());
 }
 
