@@ -266,7 +266,7 @@ TORCH_LAYERS = [
     ["sharding"],
     ["elastic", "elastic.sampler", "elastic.state"],
     # adaptive training: the shared state, the measurements, the loader, the controller
-    ["adaptive.context"],
+    ["adaptive.context", "adaptive.scaling_rules"],
     ["adaptive.meter", "adaptive.accumulator"],
     ["adaptive.data"],
     ["adaptive.parallel"],

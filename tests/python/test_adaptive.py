@@ -4,6 +4,7 @@ step against one process on the full batch (accumulation included); every sample
 seen once while the configuration changes; the state's round trip through
 torch.load(weights_only=True); the Accumulator's sums."""
 import io
+import json
 import math
 
 import pytest
@@ -240,3 +241,29 @@ def test_accumulator_sums_over_the_ranks():
         assert acc["n"] == 3 * hvd.size()
     acc.reset()
     assert acc["n"] == 0
+
+
+def test_the_timeline_gets_the_adaptive_counters(tmp_path):
+    path = str(tmp_path / "timeline.json")
+    path = hvd.broadcast_object(path, 0, name="adaptive.timeline.path")  # rank 0's writes
+    data = Indexed(40 * hvd.size())
+    model = regression(torch.zeros(D, dtype=torch.float64))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model = adl.AdaptiveDataParallel(model, opt)
+    loader = adl.AdaptiveDataLoader(data, batch_size=4 * hvd.size())
+    hvd.start_timeline(path)
+    steps = 0
+    for x, y, _ in loader:
+        opt.zero_grad()
+        loss_of(model, x, y).backward()
+        opt.step()
+        steps += 1
+    hvd.stop_timeline()
+    if hvd.rank() == 0:
+        events = json.load(open(path))
+        counters = [e for e in events if e.get("ph") == "C" and e["name"] == "adaptive"]
+        assert len(counters) == steps, (len(counters), steps)
+        assert all(e["args"]["batch_size"] == 4 * hvd.size() for e in counters)
+        assert {"local_bsz", "accumulation_steps", "lr_factor", "noise_scale", "goodput"} <= \
+            set(counters[-1]["args"])
+

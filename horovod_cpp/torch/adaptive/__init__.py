@@ -17,12 +17,24 @@ measured cheaply in the core, and picks again on the first step after an elastic
 
 docs/adaptive.md maps AdaptDL's API onto this one and lists what differs.
 """
-from horovod_cpp.adaptive.scaling import AdamScale, AdaScale, LEGWScale, LinearScale, SqrtScale
+from horovod_cpp.torch.basics import init as _init
+from horovod_cpp.torch.adaptive import scaling_rules  # noqa: F401  (AdaptDL's module path)
+from horovod_cpp.torch.adaptive.scaling_rules import (AdamScale, AdaScale, LEGWScale,
+                                                      LinearScale, SqrtScale)
 from horovod_cpp.torch.adaptive.accumulator import Accumulator
 from horovod_cpp.torch.adaptive.data import (AdaptiveDataLoader, current_dataloader,
-                                             current_epoch, remaining_epochs_until)
+                                             current_epoch, finished_epochs,
+                                             remaining_epochs_until)
 from horovod_cpp.torch.adaptive.parallel import AdaptiveDataParallel, AdaptiveState
 from horovod_cpp.torch.adaptive.context import CONTEXT as _CONTEXT
+
+
+def init_process_group(backend=None, init_method=None, world_size=None, rank=None):
+    """AdaptDL's entry point: ``hvd.init()`` (the ranks come from the launcher: mpirun,
+    hvdrun, HorovodRunner, Ray). ``backend`` and the rest are accepted for AdaptDL scripts and
+    ignored: horovod_cpp's own data plane (MPI or Gloo, as launched) reduces CPU tensors, NCCL
+    CUDA ones."""
+    _init()
 
 
 def gradient_noise_scale():
@@ -41,5 +53,5 @@ def stats():
 
 __all__ = ["AdaptiveDataParallel", "AdaptiveDataLoader", "AdaptiveState", "Accumulator",
            "AdaScale", "AdamScale", "LinearScale", "SqrtScale", "LEGWScale",
-           "current_dataloader", "current_epoch", "remaining_epochs_until",
-           "gradient_noise_scale", "stats"]
+           "current_dataloader", "current_epoch", "finished_epochs", "remaining_epochs_until",
+           "init_process_group", "gradient_noise_scale", "stats", "scaling_rules"]

@@ -31,6 +31,11 @@ def current_epoch():
     return CONTEXT.progress.epoch if CONTEXT.in_epochs else None
 
 
+def finished_epochs():
+    """Epochs completed so far (restored with the adaptive state)."""
+    return CONTEXT.progress.epoch
+
+
 def remaining_epochs_until(epoch):
     """Yields the epochs from the current one (0 on a fresh start, the saved one after a
     restore) up to ``epoch`` (exclusive), as AdaptDL's."""

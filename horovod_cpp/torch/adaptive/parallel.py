@@ -30,7 +30,7 @@ from horovod_cpp.adaptive.goodput import GoodputModel
 from horovod_cpp.adaptive.noise import NoiseScale
 from horovod_cpp.adaptive.scaling import AdamScale, AdaScale, LEGWScale
 from horovod_cpp.adaptive.throughput import Profile
-from horovod_cpp.torch.basics import Average, cross_size, size
+from horovod_cpp.torch.basics import Average, _core, cross_size, rank, size
 from horovod_cpp.torch.collectives import allreduce_async
 from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.optimizer import _DistributedOptimizer
@@ -316,7 +316,22 @@ class AdaptiveDataParallel(torch.nn.Module):
                                     local_bsz=self.atomic_bsz, accumulation_steps=micro - 1,
                                     full=full)
         self._send(full, local_bsz, global_bsz, entry, end, micro)
+        self._timeline(global_bsz, micro)
         return result
+
+    def _timeline(self, global_bsz, micro):
+        """The step's configuration and statistics as counters in the timeline (rank 0 writes
+        it; a no-op while none records)."""
+        if rank() != 0:
+            return
+        nan = float("nan")
+        phi = self.gradient_noise_scale()
+        _core.timeline_counter("adaptive", [
+            ("batch_size", float(global_bsz)), ("local_bsz", float(self.atomic_bsz)),
+            ("accumulation_steps", float(micro - 1)), ("lr_factor", float(self.lr_factor)),
+            ("noise_scale", nan if phi is None else float(phi)),
+            ("goodput", nan if self.predicted_goodput is None else
+             float(self.predicted_goodput))])
 
     def _loss_scale_sq(self):
         if self.mp_scaler is None or not self.mp_scaler.is_enabled():
