@@ -424,7 +424,8 @@ constexpr const char* kReadByPython[] = {
     "HOROVOD_CROSS_SIZE",    "HOROVOD_HOSTNAME",             "HOROVOD_GLOO_RENDEZVOUS_ADDR",
     "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_GLOO_SECRET",   "HOROVOD_GLOO_SCOPE",
     "HOROVOD_GLOO_IFACE",    "HOROVOD_GLOO_TIMEOUT_SECONDS", "HOROVOD_ELASTIC_WORKER_ID",
-    "HOROVOD_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_WORKER_START"};
+    "HOROVOD_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_WORKER_START",
+    "HOROVOD_ADAPTIVE_MEMORY_BUDGET"};
 // Prefixes of Horovod's build-time settings (pip install horovod).
 constexpr const char* kBuildPrefixes[] = {"HOROVOD_WITH_",  "HOROVOD_WITHOUT_", "HOROVOD_BUILD_",
                                           "HOROVOD_CUDA_",  "HOROVOD_NCCL_",    "HOROVOD_CMAKE",

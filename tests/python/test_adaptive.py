@@ -6,6 +6,7 @@ torch.load(weights_only=True); the Accumulator's sums."""
 import io
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -267,3 +268,47 @@ def test_the_timeline_gets_the_adaptive_counters(tmp_path):
         assert {"local_bsz", "accumulation_steps", "lr_factor", "noise_scale", "goodput"} <= \
             set(counters[-1]["args"])
 
+
+
+class BigSamples(torch.utils.data.Dataset):
+    """Samples of FEATURES floats (1 MiB each), generated from their index."""
+    FEATURES = 1 << 18
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(self.FEATURES, generator=g), torch.tensor(float(i % 3))
+
+
+def test_without_an_upper_bound_the_micro_batch_stays_within_the_memory_budget():
+    # Each sample costs a few MiB (its input, the collated batch, the activations): a budget
+    # of 96 MiB above the memory at the start caps the micro-batch far below max_batch_size,
+    # which the job would otherwise grow to (a fixed 20 ms per step makes big batches pay).
+    import resource
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(BigSamples.FEATURES, 2), torch.nn.Linear(2, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    model = adl.AdaptiveDataParallel(model, opt, decide_every=3)
+    base = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    budget = base + (96 << 20)
+    loader = adl.AdaptiveDataLoader(BigSamples(400 * hvd.size()), batch_size=2 * hvd.size())
+    loader.autoscale_batch_size(256 * hvd.size(), memory_budget=budget)
+    chosen = []
+    for x, y in loader:
+        opt.zero_grad()
+        ((model(x).reshape(-1) - y) ** 2).mean().backward()
+        opt.step()
+        time.sleep(0.02)
+        chosen.append(loader.current_local_bsz)
+        if len(chosen) == 60:
+            break
+    limit = model.memory.limit()
+    peak = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    assert limit is not None and 2 < limit < 128, (limit, chosen)
+    assert max(chosen) > 2, chosen  # it grew, and stayed within the budget:
+    assert peak <= budget, ((peak - base) / 2 ** 20, chosen, model.memory.state_dict())

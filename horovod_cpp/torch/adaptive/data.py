@@ -77,6 +77,7 @@ class AdaptiveDataLoader(object):
         self.max_batch_size = None
         self.local_bsz_bounds = None
         self.gradient_accumulation = False
+        self.memory_budget = None
         self._micro = 0                  # micro-batch of the current step being iterated
         self._accum = 0                  # micro-batches of the current step, less one
         self._step_sizes = (0, 0, True)  # local samples, global samples, a full step
@@ -84,10 +85,14 @@ class AdaptiveDataLoader(object):
         self._iteration = None
 
     def autoscale_batch_size(self, max_batch_size, local_bsz_bounds=None,
-                             gradient_accumulation=False):
+                             gradient_accumulation=False, memory_budget=None):
         """Lets the global batch grow up to ``max_batch_size`` where goodput says so, with each
         rank's micro-batch within ``local_bsz_bounds`` (min, max) and, with
-        ``gradient_accumulation``, several micro-batches per step."""
+        ``gradient_accumulation``, several micro-batches per step. Without a max in
+        ``local_bsz_bounds``, the largest micro-batch that fits is learned from the memory
+        peaks (horovod_cpp.adaptive.memory), within ``memory_budget`` bytes per rank (default:
+        the cgroup's limit or the host's memory, shared by its ranks;
+        HOROVOD_ADAPTIVE_MEMORY_BUDGET)."""
         if max_batch_size < self.batch_size:
             raise ValueError("max_batch_size (%d) is below the initial batch size (%d)"
                              % (max_batch_size, self.batch_size))
@@ -96,9 +101,13 @@ class AdaptiveDataLoader(object):
             if (lo is not None and lo < 1) or (hi is not None and lo is not None and hi < lo):
                 raise ValueError("local_bsz_bounds must be (min >= 1, max >= min), got %r"
                                  % (local_bsz_bounds,))
+        if memory_budget is not None and memory_budget <= 0:
+            raise ValueError("memory_budget must be a positive number of bytes, got %r"
+                             % (memory_budget,))
         self.max_batch_size = int(max_batch_size)
         self.local_bsz_bounds = local_bsz_bounds
         self.gradient_accumulation = bool(gradient_accumulation)
+        self.memory_budget = memory_budget
 
     # AdaptDL's properties
     @property

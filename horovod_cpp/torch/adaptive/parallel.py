@@ -21,16 +21,18 @@ it finished (a flag in the averaged values).
 """
 import contextlib
 import math
+import resource
 import threading
 import time
 
 import torch
 
 from horovod_cpp.adaptive.goodput import GoodputModel
+from horovod_cpp.adaptive.memory import MemoryModel, default_budget
 from horovod_cpp.adaptive.noise import NoiseScale
 from horovod_cpp.adaptive.scaling import AdamScale, AdaScale, LEGWScale
 from horovod_cpp.adaptive.throughput import Profile
-from horovod_cpp.torch.basics import Average, _core, cross_size, rank, size
+from horovod_cpp.torch.basics import Average, _core, cross_size, local_size, rank, size
 from horovod_cpp.torch.collectives import allreduce_async
 from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.optimizer import _DistributedOptimizer
@@ -78,6 +80,7 @@ class AdaptiveState(object):
                 "config": ([int(c.atomic_bsz), int(c.accumulation_steps)]
                            if c.atomic_bsz is not None else None),
                 "ranks": c._ranks, "since_decision": int(c._since_decision),
+                "memory": c.memory.state_dict() if c.memory is not None else None,
                 "perf": list(c._perf) if c._perf is not None else None}
 
     def load_state_dict(self, state):
@@ -96,6 +99,9 @@ class AdaptiveState(object):
         c._ranks = state["ranks"]
         c._since_decision = int(state["since_decision"])
         c._perf = tuple(state["perf"]) if state["perf"] is not None else None
+        if state.get("memory") is not None:
+            c.memory = c.memory or MemoryModel(1.0, 0.0)
+            c.memory.load_state_dict(state["memory"])
         c._fit = None  # a fit in flight on some ranks only: every rank starts the next alike
         c._forget_pending()
 
@@ -152,6 +158,7 @@ class AdaptiveDataParallel(torch.nn.Module):
         # The resizes this process saw: step, sizes, when noticed, and when the first step at
         # the new size ended with which configuration.
         self.resizes = []
+        self.memory = None           # the micro-batch memory model (no upper bound given)
         self.predicted_goodput = None
         self.adaptive_state = AdaptiveState(self)
         self._hvd_adaptive_state = self.adaptive_state  # found by hvd.elastic.TorchState
@@ -178,6 +185,20 @@ class AdaptiveDataParallel(torch.nn.Module):
         if self.atomic_bsz is None:
             self.atomic_bsz = max(1, math.ceil(loader.batch_size / size()))
             self.accumulation_steps = 0
+        bounds = loader.local_bsz_bounds or (None, None)
+        if self.memory is None and loader.max_batch_size is not None and bounds[1] is None:
+            # No upper bound given: the largest micro-batch that fits, learned from the peaks.
+            budget = loader.memory_budget or default_budget(local_size())
+            if budget is not None:
+                self.memory = MemoryModel(budget, base=self._peak_memory())
+
+    def _peak_memory(self):
+        """This process's high-water mark of memory: peak allocated on the GPU where the model
+        lives, else the peak resident set."""
+        device = next((p.device for p in self.module.parameters()), None)
+        if device is not None and device.type == "cuda":
+            return float(torch.cuda.max_memory_allocated(device))
+        return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0
 
     def begin_step(self, loader):
         """The loader is about to draw a step: (atomic_bsz, accumulation_steps) for it, chosen
@@ -222,9 +243,11 @@ class AdaptiveDataParallel(torch.nn.Module):
         model = GoodputModel(self._perf, self.noise.grad_params(loader.batch_size),
                              loader.batch_size)
         current = None if force else (self.atomic_bsz, self.accumulation_steps)
+        lo, hi = loader.local_bsz_bounds or (None, None)
+        if hi is None and self.memory is not None:
+            hi = self.memory.limit()
         best = model.optimize(max(1, cross_size()), size(), loader.max_batch_size,
-                              loader.local_bsz_bounds, loader.gradient_accumulation,
-                              current=current)
+                              (lo, hi), loader.gradient_accumulation, current=current)
         if best is not None:
             self.atomic_bsz, self.accumulation_steps = best.atomic_bsz, best.accumulation_steps
             self.predicted_goodput = best.goodput
@@ -389,8 +412,12 @@ class AdaptiveDataParallel(torch.nn.Module):
         self._last_end = end
         fit_done = 1.0 if self._fit is not None and not self._fit[0].is_alive() else 0.0
         norms = self._step_norms if size() > 1 else None
+        memory = self.memory
         values = torch.tensor([norms[0] if norms else 0.0, 1.0 if norms else 0.0,
-                               step_seconds, compute_seconds, fit_done], dtype=torch.float64)
+                               step_seconds, compute_seconds, fit_done,
+                               self._peak_memory() if memory else 0.0,
+                               memory.budget if memory else 0.0,
+                               memory.base if memory else 0.0], dtype=torch.float64)
         meta = ((max(1, cross_size()), size(), self.atomic_bsz, micro - 1),
                 norms[1] if norms else None, norms[2] if norms else local_bsz, global_bsz,
                 step_seconds > 0 and full)
@@ -421,11 +448,14 @@ class AdaptiveDataParallel(torch.nn.Module):
 
     def _apply(self, values, meta):
         config, glob, local_bsz, global_bsz, timed = meta
-        local, measured, step_seconds, compute_seconds, fit_done = values
+        local, measured, step_seconds, compute_seconds, fit_done, peak, budget, base = values
         if glob is not None and measured == 1.0:  # every rank measured the step
             self.noise.update(local, glob, local_bsz, global_bsz)
         if timed:
             self.profile.record(*config, step_seconds, compute_seconds)
+        if self.memory is not None and peak > 0:  # (averaged over the ranks: decided alike)
+            self.memory.budget, self.memory.base = budget, base
+            self.memory.record(config[2], peak)
         if self._fit is not None and fit_done == 1.0:
             self._fit[2] = True
         elif self._fit is None and self.noise.ready and len(self.profile):
@@ -454,5 +484,6 @@ class AdaptiveDataParallel(torch.nn.Module):
                 "lr_factor": self.lr_factor, "gain": self.gain, "steps": self.steps,
                 "progress": self.scale_progress, "goodput": predicted,
                 "perf_params": list(self._perf) if self._perf is not None else None,
+                "memory_limit": self.memory.limit() if self.memory is not None else None,
                 "sqr": self.noise.sqr if self.noise is not None else None,
                 "var": self.noise.var if self.noise is not None else None}

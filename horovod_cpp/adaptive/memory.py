@@ -1,0 +1,114 @@
+"""How large a per-rank micro-batch fits in memory, learned from the peaks the job sees (so that
+nobody has to hand-pick ``local_bsz_bounds``: AdaptDL's issue #40). Plain Python.
+
+The model is linear, as activations are: peak(b) = base + per_sample * b. Each step reports its
+micro-batch b and the process's peak memory (the high-water mark: on CPU the peak resident set,
+on CUDA the peak allocated). The peak is monotone, so a step only says something when it raised
+it; ``per_sample`` is the larger of the slope between the two micro-batches that raised it
+highest and (peak - base) / b at the highest, base being the memory before the first step
+(every byte above it counted as per sample: pessimistic, as it should be where running out
+kills the process). ``limit()`` is the largest micro-batch whose
+predicted peak leaves ``1 - safety`` of the room between the base and the budget free, and at
+most ``growth`` times the largest micro-batch measured (memory does not grow exactly linearly:
+the allocator's caching and the collated copies jump, so the model is trusted only near what it
+has seen); None while nothing is known (no limit yet).
+"""
+import os
+
+
+def cgroup_limit_bytes():
+    """The memory limit of this process's cgroup (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``), or None where there is none."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < (1 << 60):
+            return int(text)
+    return None
+
+
+def host_memory_bytes():
+    """MemTotal of /proc/meminfo, or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def default_budget(local_ranks):
+    """Bytes one rank may use: the cgroup's limit, else the host's memory, shared by the ranks
+    of this host. HOROVOD_ADAPTIVE_MEMORY_BUDGET (bytes, per rank) overrides it."""
+    env = os.environ.get("HOROVOD_ADAPTIVE_MEMORY_BUDGET")
+    if env:
+        try:
+            value = int(float(env))
+        except ValueError:
+            raise ValueError("HOROVOD_ADAPTIVE_MEMORY_BUDGET must be a number of bytes, got %r"
+                             % (env,))
+        if value <= 0:
+            raise ValueError("HOROVOD_ADAPTIVE_MEMORY_BUDGET must be positive, got %r" % (env,))
+        return value
+    total = cgroup_limit_bytes() or host_memory_bytes()
+    return None if total is None else total // max(1, int(local_ranks))
+
+
+class MemoryModel(object):
+    def __init__(self, budget, base, safety=0.8, growth=2.0):
+        self.budget = float(budget)
+        self.base = float(base)
+        self.safety = float(safety)
+        self.growth = growth
+        self.peaks = {}  # micro-batch -> the peak first reached with it
+
+    def record(self, micro_batch, peak):
+        """One step's micro-batch and the peak after it."""
+        micro_batch, peak = int(micro_batch), float(peak)
+        if micro_batch <= 0 or not peak > 0:
+            return
+        if peak > max(self.peaks.values(), default=self.base):
+            self.peaks[micro_batch] = max(peak, self.peaks.get(micro_batch, 0.0))
+
+    def _top(self):
+        """The micro-batches of the highest peaks, highest last."""
+        return sorted(self.peaks, key=self.peaks.get)
+
+    def per_sample(self):
+        if not self.peaks:
+            return None
+        top = self._top()
+        b = top[-1]
+        average = max(self.peaks[b] - self.base, 1.0) / b
+        if len(top) >= 2 and top[-2] != b:
+            slope = (self.peaks[b] - self.peaks[top[-2]]) / (b - top[-2])
+            return max(slope, average)
+        return average
+
+    def limit(self):
+        """The largest micro-batch predicted to fit (at least 1), or None while unknown."""
+        slope = self.per_sample()
+        if slope is None:
+            return None
+        b = self._top()[-1]
+        allowed = self.budget - (1.0 - self.safety) * max(self.budget - self.base, 0.0)
+        fits = max(1, int(b + (allowed - self.peaks[b]) // slope))
+        if self.growth is not None:
+            fits = min(fits, max(1, int(self.growth * max(self.peaks))))
+        return fits
+
+    def state_dict(self):
+        return {"budget": self.budget, "base": self.base, "safety": self.safety,
+                "growth": self.growth,
+                "peaks": [[b, p] for b, p in sorted(self.peaks.items())]}
+
+    def load_state_dict(self, state):
+        self.budget, self.base = float(state["budget"]), float(state["base"])
+        self.safety = float(state["safety"])
+        self.growth = state.get("growth")
+        self.peaks = {int(b): float(p) for b, p in state["peaks"]}
