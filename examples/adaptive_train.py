@@ -10,7 +10,11 @@ accuracy and the batch sizes the job went through. --plot draws batch size, accu
 learning-rate factor, noise scale and predicted goodput over the steps (needs matplotlib);
 --json writes the same series. With --elastic the loop runs under hvd.elastic.run (launch it
 with hvdrun's elastic options): a resize keeps the adaptive state and chooses the batch again
-on its first step.
+on its first step. Rank 0 then prints a "resize:" line as soon as the first step at the new
+size is done (the pause: from the last step at the old size to it), every rank a "moments
+check" (the optimizer's state after the reset against the last commit's), and, with --ledger,
+every epoch's committed samples (gathered from every rank each step: duplicates and missing
+ones counted).
 """
 import argparse
 import json
@@ -39,6 +43,9 @@ def parse_args(argv=None):
     p.add_argument("--step-delay", type=float, default=0.0,
                    help="seconds of extra work per step (to watch a resize happen)")
     p.add_argument("--commit-every", type=int, default=10, help="elastic: steps per commit")
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    p.add_argument("--ledger", action="store_true",
+                   help="keep every epoch's committed samples and check them at its end")
     p.add_argument("--plot", help="draw the adaptive counters over the steps into this file")
     p.add_argument("--json", help="write the adaptive counters over the steps here")
     p.add_argument("--data", default=DEFAULT_DATA)
@@ -76,11 +83,15 @@ def main(argv=None):
     torch.manual_seed(0)
     x_train, y_train, x_test, y_test = load_digits(args.data)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    if args.optimizer == "adam":
+        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr / 10)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     model = adl.AdaptiveDataParallel(model, optimizer, decide_every=args.decide_every)
     if not args.elastic:  # (elastic: TorchState's sync broadcasts, on every rank alike)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    loader = adl.AdaptiveDataLoader(torch.utils.data.TensorDataset(x_train, y_train),
+    index = torch.arange(len(y_train))
+    loader = adl.AdaptiveDataLoader(torch.utils.data.TensorDataset(x_train, y_train, index),
                                     batch_size=args.batch_size, shuffle=True)
     loader.autoscale_batch_size(args.max_batch_size, gradient_accumulation=args.accumulation)
     series = []
@@ -90,10 +101,27 @@ def main(argv=None):
         with torch.no_grad():
             return (model(x_test).argmax(1) == y_test).float().mean().item()
 
+    printed = [0]  # resizes reported so far
+
+    def report_resizes():
+        for r in model.resizes[printed[0]:]:
+            if "first_step" not in r:
+                return
+            printed[0] += 1
+            if hvd.rank() == 0:
+                pause = r["first_step"] - r["last_step"] if r.get("last_step") else float("nan")
+                print("resize: %d -> %d ranks at %.3f, pause %.3f s from the last step at the "
+                      "old size, first step at the new size ended at %.3f with batch %s (micro "
+                      "%s x %s%s), chosen again at its first step"
+                      % (r["from"], r["to"], r["at"], pause, r["first_step"], r["batch_size"],
+                         r["local_bsz"], r["accumulation_steps"] + 1,
+                         "" if r.get("full", True) else "; the epoch's short last step"),
+                      flush=True)
+
     def train(state):
         for epoch in adl.remaining_epochs_until(args.epochs):
             total = adl.Accumulator()
-            for x, y in loader:
+            for x, y, idx in loader:
                 optimizer.zero_grad()
                 loss = torch.nn.functional.cross_entropy(model(x), y)
                 loss.backward()
@@ -102,12 +130,21 @@ def main(argv=None):
                     time.sleep(args.step_delay)
                 total["loss"] += loss.item() * len(y)
                 total["n"] += len(y)
+                if state is not None and args.ledger:
+                    for part in hvd.allgather_object(idx.tolist(), name="ledger"):
+                        state.ledger.setdefault(epoch, []).extend(part)
                 if loader.is_optim_step():
+                    report_resizes()
                     series.append(dict(adl.stats(), time=time.time() - start))
                     if state is not None and model.steps % args.commit_every == 0:
                         state.commit()
             with total.synchronized():
                 loss = total["loss"] / max(1, total["n"])
+            if state is not None and args.ledger and hvd.rank() == 0:
+                seen = state.ledger.get(epoch, [])
+                print("ledger: epoch %d: %d samples, %d seen twice, %d missing (%d ranks)"
+                      % (epoch, len(seen), len(seen) - len(set(seen)),
+                         len(y_train) - len(set(seen)), hvd.size()), flush=True)
             s = adl.stats()
             if hvd.rank() == 0:
                 phi = s["noise_scale"]
@@ -121,7 +158,26 @@ def main(argv=None):
                 state.commit()
 
     if args.elastic:
-        state = hvd.elastic.TorchState(model, optimizer)
+        state = hvd.elastic.TorchState(model, optimizer, ledger={})
+        committed = {}  # the optimizer state's checksum at the last commit
+
+        def checksum():
+            return sum(float(v.double().sum()) for s in optimizer.state.values()
+                       for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
+
+        base_save = state.save
+
+        def save():  # (commit saves, then may raise HostsUpdatedInterrupt)
+            base_save()
+            committed["sum"] = checksum()
+        state.save = save
+
+        def on_reset():
+            if "sum" in committed:
+                print("moments check: rank %d of %d: optimizer state equal to the last commit "
+                      "%s" % (hvd.rank(), hvd.size(), checksum() == committed["sum"]),
+                      flush=True)
+        state.register_reset_callbacks([on_reset])
 
         @hvd.elastic.run
         def elastic_train(state):
@@ -132,14 +188,6 @@ def main(argv=None):
         train(None)
     final = accuracy()
     if hvd.rank() == 0:
-        for r in model.resizes:
-            print("resize: %d -> %d ranks at %.3f, first step at the new size ended at %.3f "
-                  "with batch %s (micro %s x %s%s), chosen again at its first step"
-                  % (r["from"], r["to"], r["at"], r.get("first_step", float("nan")),
-                     r.get("batch_size"), r.get("local_bsz"),
-                     (r.get("accumulation_steps") or 0) + 1,
-                     "" if r.get("full", True) else "; the epoch's short last step"),
-                  flush=True)
         used = sorted({s["batch_size"] for s in series})
         print("final test accuracy: %.4f (%d ranks at the end; %d steps, %.1f s; batch sizes "
               "used: %s)" % (final, hvd.size(), len(series), time.time() - start,

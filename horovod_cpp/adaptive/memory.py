@@ -2,9 +2,10 @@
 nobody has to hand-pick ``local_bsz_bounds``: AdaptDL's issue #40). Plain Python.
 
 The model is linear, as activations are: peak(b) = base + per_sample * b. Each step reports its
-micro-batch b and the process's peak memory (the high-water mark: on CPU the peak resident set,
-on CUDA the peak allocated). The peak is monotone, so a step only says something when it raised
-it; ``per_sample`` is the larger of the slope between the two micro-batches that raised it
+micro-batch b and the process's peak memory during the step (on CPU the resident set's
+high-water mark, reset after each step through /proc/self/clear_refs; on CUDA the peak
+allocated, reset likewise). Where the mark cannot be reset (``monotone``) a step only says
+something when it raised it; ``per_sample`` is the larger of the slope between the two micro-batches that raised it
 highest and (peak - base) / b at the highest, base being the memory before the first step
 (every byte above it counted as per sample: pessimistic, as it should be where running out
 kills the process). ``limit()`` is the largest micro-batch whose
@@ -60,20 +61,22 @@ def default_budget(local_ranks):
 
 
 class MemoryModel(object):
-    def __init__(self, budget, base, safety=0.8, growth=2.0):
+    def __init__(self, budget, base, safety=0.8, growth=2.0, monotone=False):
         self.budget = float(budget)
         self.base = float(base)
         self.safety = float(safety)
         self.growth = growth
-        self.peaks = {}  # micro-batch -> the peak first reached with it
+        self.monotone = bool(monotone)
+        self.peaks = {}  # micro-batch -> the highest peak seen with it
 
     def record(self, micro_batch, peak):
-        """One step's micro-batch and the peak after it."""
+        """One step's micro-batch and its peak."""
         micro_batch, peak = int(micro_batch), float(peak)
         if micro_batch <= 0 or not peak > 0:
             return
-        if peak > max(self.peaks.values(), default=self.base):
-            self.peaks[micro_batch] = max(peak, self.peaks.get(micro_batch, 0.0))
+        if self.monotone and not peak > max(self.peaks.values(), default=self.base):
+            return  # a high-water mark that did not rise: no information
+        self.peaks[micro_batch] = max(peak, self.peaks.get(micro_batch, 0.0))
 
     def _top(self):
         """The micro-batches of the highest peaks, highest last."""
@@ -104,11 +107,12 @@ class MemoryModel(object):
 
     def state_dict(self):
         return {"budget": self.budget, "base": self.base, "safety": self.safety,
-                "growth": self.growth,
+                "growth": self.growth, "monotone": self.monotone,
                 "peaks": [[b, p] for b, p in sorted(self.peaks.items())]}
 
     def load_state_dict(self, state):
         self.budget, self.base = float(state["budget"]), float(state["base"])
         self.safety = float(state["safety"])
         self.growth = state.get("growth")
+        self.monotone = bool(state.get("monotone", False))
         self.peaks = {int(b): float(p) for b, p in state["peaks"]}

@@ -29,11 +29,16 @@ def test_fixed_memory_counts_per_sample_pessimistically():
     assert m.limit() < 670
 
 
-def test_only_steps_that_raise_the_peak_count_and_over_budget_backs_off():
-    m = MemoryModel(10000, base=1000, growth=None)
+def test_a_monotone_mark_counts_only_when_it_rises_and_over_budget_backs_off():
+    m = MemoryModel(10000, base=1000, growth=None, monotone=True)
     m.record(100, 2000)
     m.record(50, 1900)   # the high-water mark did not rise: no information
     assert m.peaks == {100: 2000.0}
+    per_step = MemoryModel(10000, base=1000)  # marks reset every step: each one counts
+    per_step.record(100, 2000)
+    per_step.record(50, 1500)
+    per_step.record(50, 1400)
+    assert per_step.peaks == {100: 2000.0, 50: 1500.0}
     m.record(200, 9500)  # into the 20 % kept free: the limit falls below 200
     assert m.limit() < 200
     m.record(0, 5000)

@@ -231,8 +231,9 @@ def run_adaptive(job, on_line, seconds=200):
     return "\n".join(out)
 
 
-RESIZE = (r"resize: (\d+) -> (\d+) ranks at ([0-9.]+), first step at the new size ended at "
-          r"([0-9.]+) with batch (\d+) \(micro (\d+) x (\d+)(; the epoch's short last step)?\)")
+RESIZE = (r"resize: (\d+) -> (\d+) ranks at ([0-9.]+), pause ([0-9.na]+) s from the last step at "
+          r"the old size, first step at the new size ended at ([0-9.]+) with batch (\d+) "
+          r"\(micro (\d+) x (\d+)(; the epoch's short last step)?\)")
 
 
 @pytest.mark.parametrize("change", ["lose", "gain"])
@@ -246,7 +247,8 @@ def test_adaptive_training_resizes_in_process_and_chooses_its_batch_again(tmp_pa
     job = elastic_train(["-np", str(np_), "--min-np", "2", "--max-np", "3",
                          "--host-discovery-script", script],
                         ["--elastic", "--epochs", "30", "--step-delay", "0.02",
-                         "--max-batch-size", "128", "--commit-every", "5", "--accumulation"],
+                         "--max-batch-size", "128", "--commit-every", "5", "--accumulation",
+                         "--optimizer", "adam", "--ledger"],
                         example="adaptive_train.py")
     event = {}
 
@@ -270,7 +272,7 @@ def test_adaptive_training_resizes_in_process_and_chooses_its_batch_again(tmp_pa
     assert final and float(final.group(1)) >= 0.9, text
     resizes = re.findall(RESIZE, text)
     assert resizes, text
-    frm, to, noticed, first, batch, micro, passes, short = resizes[-1]
+    frm, to, noticed, pause, first, batch, micro, passes, short = resizes[-1]
     assert (int(frm), int(to)) == (np_, after), text
     # The first step at the new size ran a configuration chosen for it: its global batch is
     # the new size's ranks x micro-batch x micro-batches (less in an epoch's short last step).
@@ -280,4 +282,14 @@ def test_adaptive_training_resizes_in_process_and_chooses_its_batch_again(tmp_pa
         assert int(batch) == after * int(micro) * int(passes), text
     if change == "gain":  # the added host's round was the only reset (no rank asked for one)
         assert "asked for a reset" not in text, text
+    # Adam's moments after the reset are the last commit's, on every rank that had them.
+    moments = re.findall(r"moments check: rank \d+ of %d: optimizer state equal to the last "
+                         r"commit (\w+)" % after, text)
+    assert moments and all(m == "True" for m in moments), text
+    # Every committed epoch saw each sample once (the last step's remainder aside).
+    ledger = re.findall(r"ledger: epoch \d+: (\d+) samples, (\d+) seen twice, (\d+) missing "
+                        r"\((\d+) ranks\)", text)
+    assert len(ledger) >= 20, text
+    assert all(int(twice) == 0 and int(missing) < int(ranks) for _, twice, missing, ranks
+               in ledger), text
     assert float(first) - event["at"] < 30, text

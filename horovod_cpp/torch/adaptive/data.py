@@ -3,9 +3,10 @@
 Each epoch is one permutation of the dataset (seeded by the seed and the epoch, the same on
 every rank). A step takes the next ``ranks * atomic_bsz * (accumulation_steps + 1)`` indices of
 it; rank r's micro-batch m is the slice ``(m * ranks + r) * atomic_bsz`` of them. The position
-(samples consumed by completed steps) is saved with the epoch in the adaptive state, so after an
-elastic reset or a restart the epoch goes on from the last commit at whatever size the job has
-now: no sample of an epoch is skipped or seen twice, except that a last step too small to give
+(samples of the steps handed out: it moves when a step's last micro-batch is, so that a commit
+after that step's optimizer step holds the step as done) is saved with the epoch in the
+adaptive state, so after an elastic reset or a restart the epoch goes on from the last commit
+at whatever size the job has now: no sample of an epoch is skipped or seen twice, except that a last step too small to give
 every rank a sample drops those (fewer than ``ranks``) samples.
 
 The batch configuration is asked of the controller (``AdaptiveDataParallel.begin_step``) at
@@ -210,8 +211,13 @@ class AdaptiveDataLoader(object):
                     controller.configure_step(accum)
                 for m, indices in enumerate(mine):
                     self._micro = m if training else 0
-                    yield self._load(indices.tolist())
-                CONTEXT.progress.advance(self.name, epoch, position + take)
+                    batch = self._load(indices.tolist())
+                    if m == accum:
+                        # Counted before the step's last micro-batch is handed out: a commit
+                        # made after its optimizer step (elastic) holds the step as done, so a
+                        # rollback to it does not draw the step's samples again.
+                        CONTEXT.progress.advance(self.name, epoch, position + take)
+                    yield batch
             if not CONTEXT.in_epochs:
                 self._epoch += 1
         finally:

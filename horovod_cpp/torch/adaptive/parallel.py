@@ -44,6 +44,18 @@ from horovod_cpp.torch.adaptive.meter import GradientMeter
 _ADAM = (torch.optim.Adam, torch.optim.AdamW)
 
 
+def _proc_status_bytes(field):
+    """A memory field of /proc/self/status ("VmRSS", "VmHWM") in bytes, or None."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return float(line.split()[1]) * 1024.0
+    except OSError:
+        pass
+    return None
+
+
 def _distributed(optimizer, model, process_set):
     """``optimizer`` itself, made a horovod_cpp DistributedOptimizer if it is not one yet (its
     class swapped in place: a scheduler made over it keeps working on the same object)."""
@@ -159,6 +171,8 @@ class AdaptiveDataParallel(torch.nn.Module):
         # the new size ended with which configuration.
         self.resizes = []
         self.memory = None           # the micro-batch memory model (no upper bound given)
+        self._last_step_wall = None  # when the last step ended (time.time())
+        self._resettable = True      # the memory high-water mark can be reset (_peak_memory)
         self.predicted_goodput = None
         self.adaptive_state = AdaptiveState(self)
         self._hvd_adaptive_state = self.adaptive_state  # found by hvd.elastic.TorchState
@@ -190,15 +204,40 @@ class AdaptiveDataParallel(torch.nn.Module):
             # No upper bound given: the largest micro-batch that fits, learned from the peaks.
             budget = loader.memory_budget or default_budget(local_size())
             if budget is not None:
-                self.memory = MemoryModel(budget, base=self._peak_memory())
+                self._peak_memory()  # (resets the mark: the first step's peak is its own)
+                self.memory = MemoryModel(budget, base=self._current_memory(),
+                                          monotone=not self._resettable)
+
+    def _device(self):
+        return next((p.device for p in self.module.parameters()), None)
+
+    def _current_memory(self):
+        device = self._device()
+        if device is not None and device.type == "cuda":
+            return float(torch.cuda.memory_allocated(device))
+        return _proc_status_bytes("VmRSS") or self._peak_memory()
 
     def _peak_memory(self):
-        """This process's high-water mark of memory: peak allocated on the GPU where the model
-        lives, else the peak resident set."""
-        device = next((p.device for p in self.module.parameters()), None)
+        """This process's memory high-water mark since the last call, which resets it: peak
+        allocated on the GPU where the model lives, else the peak resident set (reset through
+        /proc/self/clear_refs; where that is not allowed, the lifetime peak: ``_resettable``
+        is then False)."""
+        device = self._device()
         if device is not None and device.type == "cuda":
-            return float(torch.cuda.max_memory_allocated(device))
-        return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0
+            peak = float(torch.cuda.max_memory_allocated(device))
+            torch.cuda.reset_peak_memory_stats(device)
+            return peak
+        peak = _proc_status_bytes("VmHWM")
+        if peak is None:
+            self._resettable = False
+            return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0
+        if self._resettable:
+            try:
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")  # resets VmHWM to the current resident set (Linux 4.0+)
+            except OSError:
+                self._resettable = False
+        return peak
 
     def begin_step(self, loader):
         """The loader is about to draw a step: (atomic_bsz, accumulation_steps) for it, chosen
@@ -214,7 +253,7 @@ class AdaptiveDataParallel(torch.nn.Module):
             self.meter.reset()
             self._last_end = None
             self.resizes.append({"step": self.steps, "from": self._ranks, "to": ranks,
-                                 "at": time.time()})
+                                 "at": time.time(), "last_step": self._last_step_wall})
         self._ranks = ranks
         if loader.max_batch_size is None:
             self.atomic_bsz = max(1, math.ceil(loader.batch_size / ranks))
@@ -334,6 +373,7 @@ class AdaptiveDataParallel(torch.nn.Module):
         self._since_decision += 1
         self._stepped = True
         end = time.perf_counter()
+        self._last_step_wall = time.time()
         if self.resizes and "first_step" not in self.resizes[-1]:
             self.resizes[-1].update(first_step=time.time(), batch_size=global_bsz,
                                     local_bsz=self.atomic_bsz, accumulation_steps=micro - 1,
