@@ -160,10 +160,10 @@ run "hostile clients (tests/multihost/hostile)" 300 sh -c "cd '$ROOT_DIR/tests/m
 
 # Elastic training across the hosts (tests/multihost/elastic, from this machine, which makes
 # the faults; each job runs from hvd-h1): a host's processes killed mid-epoch, its link down, a
-# host added by discovery, fewer hosts than --min-np. Time to resume and steps redone are
-# printed after it.
+# host added by discovery, fewer hosts than --min-np, adaptive training resized 2 -> 4 -> 3 -> 2.
+# Time to resume, steps redone and the adaptive resizes' pauses are printed after it.
 elastic_report=/tmp/hvd-elastic-report.$$
-run_here "elastic suite (3 hosts)" 600 env HVD_ELASTIC_REPORT="$elastic_report" \
+run_here "elastic suite (3 hosts)" 900 env HVD_ELASTIC_REPORT="$elastic_report" \
   "$PY" -m pytest -q "$ROOT_DIR/tests/multihost/elastic"
 [[ -f $elastic_report ]] && sed 's/^/multihost: /' "$elastic_report"
 rm -f "$elastic_report"

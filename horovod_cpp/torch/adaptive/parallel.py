@@ -32,8 +32,8 @@ from horovod_cpp.adaptive.memory import MemoryModel, default_budget
 from horovod_cpp.adaptive.noise import NoiseScale
 from horovod_cpp.adaptive.scaling import AdamScale, AdaScale, LEGWScale
 from horovod_cpp.adaptive.throughput import Profile
-from horovod_cpp.torch.basics import Average, _core, cross_size, local_size, rank, size
-from horovod_cpp.torch.collectives import allreduce_async
+from horovod_cpp.torch.basics import Average, Max, _core, cross_size, local_size, rank, size
+from horovod_cpp.torch.collectives import allreduce, allreduce_async
 from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.optimizer import _DistributedOptimizer
 from horovod_cpp.torch.process_sets import global_process_set
@@ -115,6 +115,7 @@ class AdaptiveState(object):
             c.memory = c.memory or MemoryModel(1.0, 0.0)
             c.memory.load_state_dict(state["memory"])
         c._fit = None  # a fit in flight on some ranks only: every rank starts the next alike
+        c._hosts_unknown = True  # (counted again at the first step, by every rank)
         c._forget_pending()
 
 
@@ -173,6 +174,8 @@ class AdaptiveDataParallel(torch.nn.Module):
         self.memory = None           # the micro-batch memory model (no upper bound given)
         self._last_step_wall = None  # when the last step ended (time.time())
         self._resettable = True      # the memory high-water mark can be reset (_peak_memory)
+        self._hosts = 1              # hosts of the job (_count_hosts)
+        self._hosts_unknown = True
         self.predicted_goodput = None
         self.adaptive_state = AdaptiveState(self)
         self._hvd_adaptive_state = self.adaptive_state  # found by hvd.elastic.TorchState
@@ -255,12 +258,24 @@ class AdaptiveDataParallel(torch.nn.Module):
             self.resizes.append({"step": self.steps, "from": self._ranks, "to": ranks,
                                  "at": time.time(), "last_step": self._last_step_wall})
         self._ranks = ranks
+        if self._hosts_unknown:
+            self._count_hosts()
         if loader.max_batch_size is None:
             self.atomic_bsz = max(1, math.ceil(loader.batch_size / ranks))
             self.accumulation_steps = 0
         elif resized or self._since_decision >= self.decide_every:
             self._decide(loader, force=resized)
         return self.atomic_bsz, self.accumulation_steps
+
+    def _count_hosts(self):
+        """Collective, at the first step after a start or a reset on every rank alike: the
+        hosts of the job (cross_size() is per rank: a host with more ranks than the others
+        gives its extra ranks a smaller one; every host has a local rank 0, so the largest is
+        the count), the same on every rank, as the goodput model needs it to be."""
+        count = allreduce(torch.tensor([cross_size()], dtype=torch.int64), op=Max,
+                          name=self._stats_name + ".hosts", process_set=self.process_set)
+        self._hosts = max(1, int(count.item()))
+        self._hosts_unknown = False
 
     def configure_step(self, accumulation_steps):
         """The step about to be drawn has ``accumulation_steps + 1`` micro-batches per rank
@@ -285,7 +300,7 @@ class AdaptiveDataParallel(torch.nn.Module):
         lo, hi = loader.local_bsz_bounds or (None, None)
         if hi is None and self.memory is not None:
             hi = self.memory.limit()
-        best = model.optimize(max(1, cross_size()), size(), loader.max_batch_size,
+        best = model.optimize(self._hosts, size(), loader.max_batch_size,
                               (lo, hi), loader.gradient_accumulation, current=current)
         if best is not None:
             self.atomic_bsz, self.accumulation_steps = best.atomic_bsz, best.accumulation_steps
@@ -458,7 +473,7 @@ class AdaptiveDataParallel(torch.nn.Module):
                                self._peak_memory() if memory else 0.0,
                                memory.budget if memory else 0.0,
                                memory.base if memory else 0.0], dtype=torch.float64)
-        meta = ((max(1, cross_size()), size(), self.atomic_bsz, micro - 1),
+        meta = ((self._hosts, size(), self.atomic_bsz, micro - 1),
                 norms[1] if norms else None, norms[2] if norms else local_bsz, global_bsz,
                 step_seconds > 0 and full)
         if size() == 1:
@@ -517,7 +532,7 @@ class AdaptiveDataParallel(torch.nn.Module):
         predicted = None
         if self._perf is not None and self.noise is not None and self.noise.ready and b0:
             model = GoodputModel(self._perf, self.noise.grad_params(b0), b0)
-            predicted = model.goodput(max(1, cross_size()), size(), self.atomic_bsz,
+            predicted = model.goodput(self._hosts, size(), self.atomic_bsz,
                                       self.accumulation_steps)
         return {"noise_scale": self.gradient_noise_scale(), "batch_size": batch,
                 "local_bsz": self.atomic_bsz, "accumulation_steps": self.accumulation_steps,
