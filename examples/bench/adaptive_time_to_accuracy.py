@@ -156,7 +156,7 @@ def summary(path):
             fixed.setdefault((r["batch"], r["lr_rule"]), []).append(r)
     best = {}
     for (batch, rule), rs in sorted(fixed.items()):
-        t, _ = median_time(lambda r, b=batch, u=rule: r in rs)
+        t, _ = median_time(lambda r, rs=rs: r in rs)
         acc = statistics.median(r["final_accuracy"] for r in rs)
         print("# fixed batch %4d %-6s median %s s (final accuracy %.3f)"
               % (batch, rule, "%.2f" % t if t is not None else "not reached", acc))

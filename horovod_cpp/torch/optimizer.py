@@ -533,6 +533,13 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     zero_grad = _DistributedOptimizer.__dict__["zero_grad"]  # refused while deltas are in flight
 
 
+def _wrapping_class(optimizer_class, wrapper):
+    """A class named as ``optimizer_class`` that inherits from it with ``wrapper``'s methods
+    (``step()`` with the reductions, ...): the wrapped optimizer stays an instance of its own
+    class. Also used to make an optimizer distributed in place (horovod_cpp.torch.adaptive)."""
+    return type(optimizer_class.__name__, (optimizer_class,), dict(wrapper.__dict__))
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
@@ -569,14 +576,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         if getattr(compression, "stateful", False):
             raise ValueError("op=Adasum combines the optimizer's deltas, which PowerSGD does not "
                              "compress; use Compression.none, fp16 or bf16")
-        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-                   dict(_DistributedAdasumOptimizer.__dict__))
+        cls = _wrapping_class(optimizer.__class__, _DistributedAdasumOptimizer)
         return cls(optimizer.param_groups, named_parameters, compression,
                    backward_passes_per_step)
 
-    # Dynamically create a new class that inherits from the optimizer that was passed in.
-    # The goal is to override the `step()` method with an allreduce implementation.
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_DistributedOptimizer.__dict__))
+    cls = _wrapping_class(optimizer.__class__, _DistributedOptimizer)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
                op, gradient_predivide_factor, groups, sparse_as_dense, process_set)

@@ -55,10 +55,10 @@ def optimizer_for(kind, model, make):
     stage = int(kind[-1])
     if stage == 3:
         hvd.shard_model(model)
-    cls = type(make([torch.zeros(1, requires_grad=True)]))
-    defaults = {k: v for k, v in make([torch.zeros(1, requires_grad=True)]).defaults.items()
-                if k in ("lr", "momentum")}
-    return model, hvd.ShardedOptimizer(model.named_parameters(), cls, stage=stage, **defaults)
+    probe = make([torch.zeros(1, requires_grad=True)])  # the class and hyperparameters
+    defaults = {k: v for k, v in probe.defaults.items() if k in ("lr", "momentum")}
+    return model, hvd.ShardedOptimizer(model.named_parameters(), type(probe), stage=stage,
+                                       **defaults)
 
 
 def weights(model, kind):

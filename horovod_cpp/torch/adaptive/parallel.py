@@ -35,7 +35,7 @@ from horovod_cpp.adaptive.throughput import Profile
 from horovod_cpp.torch.basics import Average, Max, _core, cross_size, local_size, rank, size
 from horovod_cpp.torch.collectives import allreduce, allreduce_async
 from horovod_cpp.torch.compression import Compression
-from horovod_cpp.torch.optimizer import _DistributedOptimizer
+from horovod_cpp.torch.optimizer import _DistributedOptimizer, _wrapping_class
 from horovod_cpp.torch.process_sets import global_process_set
 from horovod_cpp.torch.tensor_bridge import synchronize
 from horovod_cpp.torch.adaptive.context import CONTEXT, Progress
@@ -67,7 +67,7 @@ def _distributed(optimizer, model, process_set):
                          "makes it a DistributedOptimizer in place)")
     groups = optimizer.__dict__.pop("param_groups")
     base = optimizer.__class__
-    optimizer.__class__ = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
+    optimizer.__class__ = _wrapping_class(base, _DistributedOptimizer)
     _DistributedOptimizer.__init__(optimizer, groups, list(model.named_parameters()),
                                    Compression.none, 1, Average, 1.0, None, False, process_set)
     return optimizer

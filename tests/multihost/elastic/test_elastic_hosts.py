@@ -60,6 +60,16 @@ def clean_hosts():
     assert not left, "processes left after the job: %s" % left
 
 
+def discovery(tmp_path, hosts):
+    """A host discovery script that prints a listing (first `hosts`), and the listing."""
+    listing = tmp_path / "hosts.txt"
+    listing.write_text(hosts)
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\ncat %s\n" % listing)
+    script.chmod(0o755)
+    return script, listing
+
+
 def report(line):
     print(line)
     if REPORT:
@@ -183,11 +193,7 @@ def test_a_host_taken_off_the_network():
 
 @pytest.mark.parametrize("sharded", [0, 2, 3], ids=["distributed", "sharded2", "sharded3"])
 def test_a_host_added_by_the_discovery_script(tmp_path, sharded):
-    listing = tmp_path / "hosts.txt"
-    listing.write_text("hvd-h1:1\nhvd-h2:1\n")
-    script = tmp_path / "discover.sh"
-    script.write_text("#!/bin/sh\ncat %s\n" % listing)
-    script.chmod(0o755)
+    script, listing = discovery(tmp_path, "hvd-h1:1\nhvd-h2:1\n")
     job = Job(["-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script",
                str(script)], ["--epochs", "5", "--step-delay", "0.02", "--sharded",
                               str(sharded)])
@@ -242,11 +248,7 @@ def test_adaptive_training_resized_2_4_3_2_by_the_discovery_script(tmp_path):
     at the old size to the first at the new one, the batch chosen for the new size on that
     first step, Adam's moments equal to the last commit on every rank that had them, and
     every committed epoch's samples seen once."""
-    listing = tmp_path / "hosts.txt"
-    listing.write_text("hvd-h1:1\nhvd-h2:1\n")
-    script = tmp_path / "discover.sh"
-    script.write_text("#!/bin/sh\ncat %s\n" % listing)
-    script.chmod(0o755)
+    script, listing = discovery(tmp_path, "hvd-h1:1\nhvd-h2:1\n")
     job = Job(["-np", "2", "--min-np", "2", "--max-np", "4", "--host-discovery-script",
                str(script)], ["--elastic", "--epochs", "60", "--step-delay", "0.03",
                               "--commit-every", "5", "--optimizer", "adam", "--ledger",
