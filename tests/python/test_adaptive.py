@@ -125,6 +125,37 @@ def test_noise_scale_of_a_regression_with_known_noise_within_ten_percent(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_adam_preconditioned_norms_are_weighed_by_adams_update_scale(kind):
+    # The regression above with Adam at lr 0 (frozen weights; the moments still update) and
+    # AdamScale. Every element's averaged gradient is g_j = 1/sqrt(DIM) - s * mean(xi_j) over a
+    # global batch B, so its bias-corrected second moment tends to E g_j^2 = 1/DIM + s^2/B for
+    # the weight and the bias alike: each measured squared norm is weighed by
+    # w^2 = 1 / (1/DIM + s^2/B) (per parameter, per bucket or per flat: the same here), so
+    # |G|^2 reads 2 w^2 while the noise scale, a ratio, stays s^2 DIM. Without the weights
+    # |G|^2 would read 2.
+    s, steps = 0.25, 200
+    b0 = 32 * hvd.size()
+    data = Targets(steps * b0, s)
+    model = torch.nn.Linear(1, DIM).to(torch.float64)
+    with torch.no_grad():
+        model.weight.copy_((data.mu + DIM ** -0.5).reshape(DIM, 1))
+        model.bias.zero_()
+    model, opt = optimizer_for(kind, model, lambda ps: torch.optim.Adam(ps, lr=0.0))
+    model = adl.AdaptiveDataParallel(model, opt, scaling_rule=adl.AdamScale(),
+                                     horizon_samples=10 ** 9)
+    loader = adl.AdaptiveDataLoader(data, batch_size=b0, shuffle=True)
+    for y in loader:
+        opt.zero_grad()
+        pred = model(torch.ones(len(y), 1, dtype=torch.float64))
+        (0.5 * ((pred - y) ** 2).sum(1).mean()).backward()
+        opt.step()
+    model._receive()
+    w2 = 1.0 / (1.0 / DIM + s * s / b0)
+    assert model.noise.sqr == pytest.approx(2.0 * w2, rel=0.10), (model.noise.sqr, w2)
+    assert adl.gradient_noise_scale() == pytest.approx(s * s * DIM, rel=0.10)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_step_matches_one_process_on_the_full_batch_with_accumulation(kind):
     # Linear LR scaling, a forced configuration of 2 micro-batches of 3 per rank: each step
     # must equal plain SGD on the step's whole global batch at lr x B / B0.

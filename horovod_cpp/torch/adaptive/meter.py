@@ -10,17 +10,26 @@ previous step's gradient instead: two consecutive steps are two gradients of the
 The Adam preconditioner (``AdamScale``) weights parameter p's norms by w_p^2, with
 w_p = 1 / mean(sqrt(v_p / (1 - beta2^t)) + eps) over p's elements: Adam's own update scale,
 one number per parameter tensor (AdaptDL weights each element; this needs no extra pass over
-the gradients, and is refreshed every ``refresh`` steps from the second moments)."""
+the gradients, and is refreshed after the first update and every ``refresh`` steps from the
+second moments). Under a ``ShardedOptimizer`` the core measures per bucket (stages 1 and 2) or
+per flat buffer (stage 3), so the weight is one per bucket or flat, the mean over every rank's
+slices of it (their sums and counts summed by one small allreduce per refresh)."""
 import torch
+
+from horovod_cpp.torch.basics import Sum
+from horovod_cpp.torch.collectives import allreduce
 
 
 class GradientMeter(object):
-    def __init__(self, optimizer, precondition=False, refresh=10):
+    def __init__(self, optimizer, precondition=False, refresh=10, process_set=None,
+                 name="adaptive.preconditioner"):
         self.optimizer = optimizer
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.precondition = precondition
         self.refresh = int(refresh)
-        self._weights = [1.0] * len(self.params)
+        self.process_set = process_set
+        self.name = name
+        self._weights = {}  # stats group -> weight (1 where absent)
         self._steps = 0
         self._previous = None  # one rank: the previous step's gradient, flat, float64
 
@@ -38,21 +47,47 @@ class GradientMeter(object):
         if hasattr(self.optimizer, "_take_gradient_stats"):
             self.optimizer._take_gradient_stats()
 
+    @staticmethod
+    def _scale_sum(state, group):
+        """(sum over the elements of sqrt(v / (1 - beta2^t)) + eps, their count), or None
+        before the optimizer's first update."""
+        v, step = state.get("exp_avg_sq"), state.get("step")
+        if v is None or step is None or not v.numel():
+            return None
+        beta2, eps = group.get("betas", (0.9, 0.999))[1], group.get("eps", 1e-8)
+        t = float(step)
+        correction = 1.0 - beta2 ** t if t > 0 else 1.0
+        return float((v.double() / correction).sqrt_().add_(eps).sum()), v.numel()
+
     def _refresh_weights(self):
-        if not self.precondition or self._steps % self.refresh:
+        if not self.precondition or not (self._steps == 1 or self._steps % self.refresh == 0):
             return
+        slices = getattr(self.optimizer, "_moment_slices", None)
+        if slices is not None:
+            return self._refresh_slice_weights(slices())
         groups = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
         for i, p in enumerate(self.params):
-            st = self.optimizer.state.get(p, {})
-            v, step = st.get("exp_avg_sq"), st.get("step")
-            if v is None or step is None:
-                continue
-            g = groups[id(p)]
-            beta2, eps = g.get("betas", (0.9, 0.999))[1], g.get("eps", 1e-8)
-            t = float(step)
-            correction = 1.0 - beta2 ** t if t > 0 else 1.0
-            scale = float((v / correction).sqrt().add_(eps).mean()) if v.numel() else 1.0
-            self._weights[i] = 1.0 / scale if scale > 0 else 1.0
+            found = self._scale_sum(self.optimizer.state.get(p, {}), groups[id(p)])
+            if found is not None and found[0] > 0:
+                self._weights[i] = found[1] / found[0]
+
+    def _refresh_slice_weights(self, entries):
+        """Collective (every rank refreshes at the same steps): one weight per stats group
+        from every rank's slices of it. ``entries``: [(stats group, state, param group)]."""
+        order = [k for k, _ in self.optimizer._gradient_slices()]
+        where = {k: i for i, k in enumerate(order)}
+        sums = torch.zeros(2 * len(order), dtype=torch.float64)
+        for k, state, group in entries:
+            found = self._scale_sum(state, group)
+            if found is not None and k in where:
+                sums[2 * where[k]] += found[0]
+                sums[2 * where[k] + 1] += found[1]
+        if len(order):
+            sums = allreduce(sums, op=Sum, name=self.name, process_set=self.process_set)
+        for k, i in where.items():
+            total, count = float(sums[2 * i]), float(sums[2 * i + 1])
+            if total > 0:
+                self._weights[k] = count / total
 
     def take(self):
         """(local_sqr, global_sqr) of the step just reduced, with the preconditioner's weights:
@@ -63,7 +98,7 @@ class GradientMeter(object):
         stats = self.optimizer._take_gradient_stats()
         local = glob = 0.0
         for group, (l, r) in stats.items():
-            w2 = self._weights[group] ** 2
+            w2 = self._weights.get(group, 1.0) ** 2
             local += w2 * l
             glob += w2 * r
         return local, glob
@@ -77,11 +112,12 @@ class GradientMeter(object):
         self.discard()
         parts = []
         if hasattr(self.optimizer, "_gradient_slices"):  # sharded: its slices (one rank: all)
-            grads = [g for _, g in self.optimizer._gradient_slices()]
-            weights = [1.0] * len(grads)
+            slices = self.optimizer._gradient_slices()
+            grads = [g for _, g in slices]
+            weights = [self._weights.get(k, 1.0) for k, _ in slices]
         else:
             grads = [p.grad for p in self.params]
-            weights = self._weights
+            weights = [self._weights.get(i, 1.0) for i in range(len(self.params))]
         for g, w in zip(grads, weights):
             if g is None:
                 continue

@@ -126,8 +126,8 @@ class AdaptiveDataParallel(torch.nn.Module):
     LinearScale, SqrtScale or LEGWScale. ``mp_scaler``: the ``torch.cuda.amp.GradScaler`` /
     ``torch.amp.GradScaler`` in use, whose scale is divided out of the measured norms.
     ``decide_every``: steps between batch-size decisions (always on the first step after a
-    resize). ``horizon_samples``: the noise scale's averaging horizon (default: 100 steps at
-    the initial batch size). ``lr_scheduler`` and ``name`` are accepted for AdaptDL
+    resize). ``horizon_samples``: the noise scale's averaging horizon (default: 1000 steps at
+    the initial batch size, AdaptDL's smoothing of 0.999 per step). ``lr_scheduler`` and ``name`` are accepted for AdaptDL
     compatibility (the scheduler steps as the user calls it)."""
 
     def __init__(self, model, optimizer, lr_scheduler=None, mp_scaler=None, scaling_rule=None,
@@ -146,9 +146,10 @@ class AdaptiveDataParallel(torch.nn.Module):
         self.decide_every = int(decide_every)
         self._horizon = horizon_samples
         self._sharded = hasattr(self.optimizer, "_gradient_slices")
-        # (the Adam preconditioner weights parameters: a DistributedOptimizer's, for now)
+        # (the Adam preconditioner weights a DistributedOptimizer's parameters, a
+        # ShardedOptimizer's buckets or flats: what the core measures separately)
         self.meter = GradientMeter(self.optimizer, precondition=isinstance(
-            scaling_rule, AdamScale) and not self._sharded)
+            scaling_rule, AdamScale), process_set=process_set)
         self.meter.start()
         self.optimizer._before_reductions = self._flush
         self.noise = None
@@ -165,7 +166,8 @@ class AdaptiveDataParallel(torch.nn.Module):
         self._outbox = None          # a step's values to average, not yet sent (_send)
         self._pending = None         # (handle, what they belong to): sent, not yet received
         self._since_decision = 0
-        self._last_end = None
+        self._step_start = None      # when the loader began the step being drawn
+        self._timed_config = None    # the configuration of the last step drawn
         self._stepped = True         # the optimizer stepped since the last step boundary
         self._step_norms = None      # this step's (local, global) squared norms
         # The resizes this process saw: step, sizes, when noticed, and when the first step at
@@ -184,6 +186,7 @@ class AdaptiveDataParallel(torch.nn.Module):
             CONTEXT.controller._forget_pending()  # values are waited for, then it is done
         CONTEXT.controllers += 1
         self._stats_name = "adaptive.stats.%d" % CONTEXT.controllers  # the same on every rank
+        self.meter.name = self._stats_name + ".preconditioner"
         CONTEXT.controller = self
         CONTEXT.progress = Progress()  # a new job: epoch 0 (a restore loads the saved one)
 
@@ -197,7 +200,7 @@ class AdaptiveDataParallel(torch.nn.Module):
     def _setup(self, loader):
         """The first configuration: the initial batch split over the ranks, no accumulation."""
         if self.noise is None:
-            horizon = self._horizon or 100 * loader.batch_size
+            horizon = self._horizon or 1000 * loader.batch_size
             self.noise = NoiseScale(horizon)
         if self.atomic_bsz is None:
             self.atomic_bsz = max(1, math.ceil(loader.batch_size / size()))
@@ -254,7 +257,8 @@ class AdaptiveDataParallel(torch.nn.Module):
         if resized:
             self._forget_pending()
             self.meter.reset()
-            self._last_end = None
+            if self.memory is not None:
+                self._peak_memory()  # (the old size's steps are not the new size's peak)
             self.resizes.append({"step": self.steps, "from": self._ranks, "to": ranks,
                                  "at": time.time(), "last_step": self._last_step_wall})
         self._ranks = ranks
@@ -265,6 +269,13 @@ class AdaptiveDataParallel(torch.nn.Module):
             self.accumulation_steps = 0
         elif resized or self._since_decision >= self.decide_every:
             self._decide(loader, force=resized)
+        # The step is timed from here (its data loading included) to the end of its optimizer
+        # step, as AdaptDL does: whatever the loop does between steps (evaluation, logging, a
+        # checkpoint, a barrier) is not the configuration's cost. The first step of a
+        # configuration is not timed (the allocator's first allocations at a new size).
+        config = (ranks, self.atomic_bsz, self.accumulation_steps)
+        self._step_start = time.perf_counter() if config == self._timed_config else None
+        self._timed_config = config
         return self.atomic_bsz, self.accumulation_steps
 
     def _count_hosts(self):
@@ -300,6 +311,8 @@ class AdaptiveDataParallel(torch.nn.Module):
         lo, hi = loader.local_bsz_bounds or (None, None)
         if hi is None and self.memory is not None:
             hi = self.memory.limit()
+            if hi is not None and lo is not None:
+                hi = max(hi, lo)  # the user's lower bound is a promise the model cannot break
         best = model.optimize(self._hosts, size(), loader.max_batch_size,
                               (lo, hi), loader.gradient_accumulation, current=current)
         if best is not None:
@@ -462,12 +475,16 @@ class AdaptiveDataParallel(torch.nn.Module):
         allreduce starts with the next step's first gradient reduction (``_flush``), when the
         ranks are together anyway, so that it neither costs a negotiation round of its own nor
         leaves a rank waiting in it; one rank has nothing to average and takes them now."""
-        step_seconds = end - self._last_end if self._last_end is not None else 0.0
-        compute_seconds = (entry - self._last_end) / micro if self._last_end is not None else 0.0
-        self._last_end = end
+        start, self._step_start = self._step_start, None
+        step_seconds = end - start if start is not None else 0.0
+        compute_seconds = (entry - start) / micro if start is not None else 0.0
         fit_done = 1.0 if self._fit is not None and not self._fit[0].is_alive() else 0.0
         norms = self._step_norms if size() > 1 else None
-        memory = self.memory
+        # The memory high-water mark is read (and reset) once per decision, two steps before
+        # it (averaged values arrive a step late): the configuration changes only at
+        # decisions, so the mark since the last reading is this configuration's peak, at a
+        # fraction of the per-step cost (a /proc read and write).
+        memory = self.memory if self._since_decision + 1 >= self.decide_every else None
         values = torch.tensor([norms[0] if norms else 0.0, 1.0 if norms else 0.0,
                                step_seconds, compute_seconds, fit_done,
                                self._peak_memory() if memory else 0.0,

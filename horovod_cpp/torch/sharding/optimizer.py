@@ -380,6 +380,13 @@ class ShardedOptimizer(ElasticShards, torch.optim.Optimizer):
         """Collective, after the reductions: {bucket: [local, reduced]} (SliceStats)."""
         return self._stats.take(self._gradient_slices(), self.process_set, "sharded.grad_stats")
 
+    def _moment_slices(self):
+        """Adaptive training's Adam preconditioner: [(stats group, the wrapped optimizer's
+        state for this rank's slice of it, the slice's param group)]."""
+        groups = {id(p): g for g in self.optim.param_groups for p in g["params"]}
+        return [(b.index, self.optim.state.get(b.shard, {}), groups[id(b.shard)])
+                for b in self._buckets if id(b.shard) in groups]
+
     def set_backward_passes_per_step(self, passes):
         """Between steps: the backward passes per step from now on."""
         if passes <= 0:

@@ -140,6 +140,15 @@ class FullyShardedOptimizer(ShardedOptimizer):
     def _take_gradient_stats(self):
         return self._stats.take(self._gradient_slices(), self.process_set, "sharded3.grad_stats")
 
+    def _moment_slices(self):
+        """[(flat, the wrapped optimizer's state for a piece of this rank's slice of it, the
+        piece's param group)] (the Adam preconditioner: ShardedOptimizer._moment_slices)."""
+        index = {id(f): k for k, f in enumerate(self.sharding.flats)}
+        groups = {id(p): g for g in self.optim.param_groups for p in g["params"]}
+        return [(index[id(pc.flat)], self.optim.state.get(pc.tensor, {}), groups[id(pc.tensor)])
+                for pieces in self._pieces for pc in pieces
+                if pc.tensor is not None and id(pc.tensor) in groups]
+
     def set_backward_passes_per_step(self, passes):
         """Between steps: the backward passes per step from now on (shard_model's)."""
         if passes <= 0:
