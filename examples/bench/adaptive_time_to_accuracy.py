@@ -10,17 +10,20 @@ learning-rate scaling, and by AdaptDL 0.2.11 itself: the same script, only the i
     mpirun -np 2 .venv-pypi/bin/python examples/bench/adaptive_time_to_accuracy.py \\
         --data d.npz --mode adaptive --seed 0
     .venv-adaptdl/bin/python examples/bench/adaptive_time_to_accuracy.py --impl adaptdl \\
-        --launch 2 --data d.npz --mode adaptive --seed 0
-    # the figure from the runs' JSON lines
+        --launch 2 --data d.npz --mode adaptive --seed 0 --seconds 120 --stop-at 0.97
+    # the figures from the runs' JSON lines
     python3 examples/bench/adaptive_time_to_accuracy.py --summary runs.jsonl
 
-Each run prints one JSON line (rank 0): the training seconds until the epoch at whose end the
-test accuracy first reached --target (evaluation time excluded), the final accuracy, and the
-batch sizes used. Adaptive runs start at --b0 and may grow to 32 x B0 (AdaScale); fixed runs
-use one global batch with the learning rate scaled from B0's.
+Each run trains for a budget of --seconds (evaluation excluded), evaluating the test accuracy
+after every --eval-every training samples, and prints one JSON line (rank 0) with the trace
+(seconds, accuracy, batch at every evaluation), the final accuracy (the mean of the last three
+evaluations) and the batch sizes used. A target counts as reached where the mean of two
+consecutive evaluations reaches it. Adaptive runs start at --b0 and may grow to 32 x B0
+(AdaScale); fixed runs use one global batch with the learning rate scaled from B0's.
 """
 import argparse
 import json
+import math
 import os
 import socket
 import statistics
@@ -29,11 +32,12 @@ import sys
 import time
 
 
-def make_data(path, seed):
+def make_data(path, seed, samples):
     import numpy as np
     from mnist1d.data import get_dataset_args, make_dataset
     args = get_dataset_args()
     args.seed = seed
+    args.num_samples = samples  # 80 % train, 20 % test
     data = make_dataset(args)
     np.savez(path, x=data["x"].astype("float32"), y=data["y"].astype("int64"),
              x_test=data["x_test"].astype("float32"), y_test=data["y_test"].astype("int64"))
@@ -58,10 +62,19 @@ def train(args):
         import adaptdl.torch as adl
         from adaptdl.torch.scaling_rules import AdaScale, LinearScale
         from torch.distributed import barrier, get_rank, get_world_size
+
+        def any_rank(flag):
+            t = torch.tensor([float(flag)])
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+            return bool(t.item())
     else:
         import horovod_cpp.torch.adaptive as adl
         from horovod_cpp.torch.adaptive.scaling_rules import AdaScale, LinearScale
         from horovod_cpp.torch import barrier, rank as get_rank, size as get_world_size
+        from horovod_cpp.torch import Max, allreduce
+
+        def any_rank(flag):
+            return bool(allreduce(torch.tensor([float(flag)]), op=Max, name="done").item())
     adl.init_process_group("gloo")
     rank, size = get_rank(), get_world_size()
     torch.set_num_threads(1)
@@ -82,10 +95,17 @@ def train(args):
         loader.autoscale_batch_size(32 * args.b0, local_bsz_bounds=(args.b0 // size, None),
                                     gradient_accumulation=False)
     trained = 0.0
-    reached = None
     sizes = set()
-    accuracy = 0.0
-    trace = []  # (training seconds, test accuracy, batch) at the end of every epoch
+    trace = []  # (training seconds, test accuracy, batch) at every evaluation
+    seen = 0    # samples trained on
+    next_eval = args.eval_every
+
+    def evaluate():
+        # every rank evaluates (the same model): no rank waits on another
+        with torch.no_grad():
+            return (model(x_test).argmax(1) == y_test).float().mean().item()
+
+    done = False
     for epoch in adl.remaining_epochs_until(args.max_epochs):
         barrier()
         start = time.perf_counter()
@@ -93,26 +113,47 @@ def train(args):
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(model(xb), yb).backward()
             optimizer.step()
-            sizes.add(loader.current_batch_size)
-        barrier()
-        trained += time.perf_counter() - start
-        with torch.no_grad():  # every rank evaluates (the same model): no wait on rank 0
-            accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
-        trace.append((round(trained, 3), round(accuracy, 4), loader.current_batch_size))
-        if reached is None and accuracy >= args.target:
-            reached = trained
-            if not args.full:
+            batch_now = loader.current_batch_size
+            sizes.add(batch_now)
+            seen += batch_now
+            if seen < next_eval:
+                continue
+            next_eval += args.eval_every
+            trained += time.perf_counter() - start
+            trace.append((round(trained, 3), round(evaluate(), 4), batch_now))
+            # (the ranks' clocks differ: they stop together when any rank's budget is spent)
+            done = any_rank(trained > args.seconds) or (
+                args.stop_at is not None and reached_at(trace, args.stop_at) is not None)
+            if done:
                 break
-        if trained > args.max_seconds:
+            barrier()
+            start = time.perf_counter()
+        else:
+            trained += time.perf_counter() - start
+        if done:
             break
     if rank == 0:
         print(json.dumps({"impl": args.impl, "mode": args.mode, "batch": batch,
                           "lr_rule": args.lr_rule, "seed": args.seed, "ranks": size,
-                          "target": args.target, "seconds": reached, "trained": trained,
-                          "final_accuracy": accuracy, "epochs": epoch + 1,
-                          "batch_sizes": sorted(sizes), "torch": torch.__version__,
-                          "trace": trace}),
+                          "trained": trained, "final_accuracy": final_accuracy(trace),
+                          "epochs": epoch + 1, "batch_sizes": sorted(sizes),
+                          "torch": torch.__version__, "trace": trace}),
               flush=True)
+
+
+def reached_at(trace, target):
+    """Training seconds at the evaluation where the mean of the last two evaluations first
+    reached ``target`` (one lucky evaluation does not count), or None."""
+    for i in range(1, len(trace)):
+        if (trace[i][1] + trace[i - 1][1]) / 2 >= target:
+            return trace[i][0]
+    return None
+
+
+def final_accuracy(trace, last=3):
+    """The mean of the last evaluations (the end of a fixed budget), or None."""
+    tail = [t[1] for t in trace[-last:]]
+    return sum(tail) / len(tail) if tail else None
 
 
 def launch_adaptdl(args, argv):
@@ -137,43 +178,67 @@ def launch_adaptdl(args, argv):
     sys.exit(max(codes))
 
 
-def summary(path):
-    """The figure: per configuration the median over seeds; adaptive against the best fixed
-    batch (each with the better LR rule), against fixed B0, and against AdaptDL."""
+def summary(path, targets):
+    """The figures: per configuration the median over seeds; adaptive against the best fixed
+    batch (each with the better LR rule), against fixed B0, and against AdaptDL, in time to
+    each target; and the final accuracies after the same training budget."""
     runs = [json.loads(line) for line in open(path) if line.startswith("{")]
 
-    def median_time(select):
-        times = [r["seconds"] for r in runs if select(r)]
-        if not times or any(t is None for t in times):
-            return None, times
-        return statistics.median(times), times
+    def median_time(rs, target):
+        # a seed that never reached the target counts as infinitely slow
+        times = [reached_at(r["trace"], target) for r in rs]
+        times = [math.inf if t is None else t for t in times]
+        return (statistics.median(times) if times else None), times
 
-    ours, ours_all = median_time(lambda r: r["impl"] == "horovod_cpp" and r["mode"] == "adaptive")
-    base, _ = median_time(lambda r: r["impl"] == "adaptdl" and r["mode"] == "adaptive")
+    ours = [r for r in runs if r["impl"] == "horovod_cpp" and r["mode"] == "adaptive"]
+    adaptdl = [r for r in runs if r["impl"] == "adaptdl"]
     fixed = {}
     for r in runs:
         if r["impl"] == "horovod_cpp" and r["mode"] == "fixed":
             fixed.setdefault((r["batch"], r["lr_rule"]), []).append(r)
-    best = {}
+    accuracy = {}
     for (batch, rule), rs in sorted(fixed.items()):
-        t, _ = median_time(lambda r, rs=rs: r in rs)
-        acc = statistics.median(r["final_accuracy"] for r in rs)
-        print("# fixed batch %4d %-6s median %s s (final accuracy %.3f)"
-              % (batch, rule, "%.2f" % t if t is not None else "not reached", acc))
-        if t is not None and (batch not in best or t < best[batch]):
-            best[batch] = t
-    b0 = min(best) if best else None
-    for name, value, target, baseline in (
-            ("TTA1 adaptive_vs_best_fixed", ours, 1.05, min(best.values()) if best else None),
-            ("TTA2 adaptive_vs_fixed_B0", ours, 0.7, best.get(b0)),
-            ("TTA3 adaptive_vs_adaptdl", ours, 0.9, base)):
-        if value is None or baseline is None:
-            print("FIGURE %s ours=%s baseline=%s met=no (not reached)" % (name, value, baseline))
-            continue
-        ratio = value / baseline
-        print("FIGURE %s p50_s=%.2f baseline_p50_s=%.2f ratio=%.3f target<=%.2f met=%s"
-              % (name, value, baseline, ratio, target, "yes" if ratio <= target else "no"))
-    print("# adaptive runs: %s s" % ", ".join("%.2f" % t for t in ours_all if t is not None))
+        accuracy[(batch, rule)] = statistics.median(r["final_accuracy"] or 0 for r in rs)
+        print("# fixed batch %4d %-6s: final accuracy %.4f, seconds to %s" % (
+            batch, rule, accuracy[(batch, rule)], ", ".join(
+                "%.2f: %s" % (t, "%.2f" % m if m < math.inf else "-")
+                for t in targets for m in [median_time(rs, t)[0]])))
+    b0 = min(b for b, _ in fixed) if fixed else None
+    for target in targets:
+        value, all_ours = median_time(ours, target)
+        best = {}
+        for (batch, rule), rs in fixed.items():
+            t, _ = median_time(rs, target)
+            if t < best.get(batch, (math.inf, None))[0]:
+                best[batch] = (t, "%d %s" % (batch, rule))
+        best_fixed = min(best.values()) if best else (math.inf, None)
+        base, _ = median_time(adaptdl, target)
+        tag = "%02d" % round(target * 100)
+        print("# target %.2f: adaptive seeds %s s" % (target, ", ".join(
+            "%.2f" % t for t in all_ours)))
+        for name, baseline, limit, what in (
+                ("TTA1_%s adaptive_vs_best_fixed" % tag, best_fixed[0], 1.05, best_fixed[1]),
+                ("TTA2_%s adaptive_vs_fixed_B0" % tag, best.get(b0, (math.inf,))[0], 0.7,
+                 "batch %s" % b0),
+                ("TTA3_%s adaptive_vs_adaptdl" % tag, base, 0.9, "AdaptDL 0.2.11")):
+            if value is None or baseline is None or value == math.inf or baseline == math.inf:
+                print("FIGURE %s p50_s=%s baseline_p50_s=%s (%s) met=%s" % (
+                    name, value, baseline, what,
+                    "yes" if value is not None and value < math.inf and
+                    baseline == math.inf else "no"))
+                continue
+            ratio = value / baseline
+            print("FIGURE %s p50_s=%.2f baseline_p50_s=%.2f (%s) ratio=%.3f target<=%.2f "
+                  "met=%s" % (name, value, baseline, what, ratio, limit,
+                              "yes" if ratio <= limit else "no"))
+    if ours and accuracy:
+        mine = statistics.median(r["final_accuracy"] or 0 for r in ours)
+        best_key = max(accuracy, key=accuracy.get)
+        gap = (accuracy[best_key] - mine) * 100
+        print("FIGURE TTA4 final_accuracy adaptive=%.4f best_fixed=%.4f (%d %s) "
+              "gap_points=%.2f target<=0.50 met=%s" % (
+                  mine, accuracy[best_key], best_key[0], best_key[1], gap,
+                  "yes" if gap <= 0.5 else "no"))
 
 
 def main():
@@ -184,21 +249,28 @@ def main():
     p.add_argument("--b0", type=int, default=32, help="the initial global batch")
     p.add_argument("--lr", type=float, default=0.05, help="the learning rate at B0")
     p.add_argument("--lr-rule", choices=["linear", "sqrt"], default="linear")
-    p.add_argument("--target", type=float, default=0.93)
+    p.add_argument("--targets", default="0.95,0.97",
+                   help="--summary: test accuracies to time (comma-separated)")
+    p.add_argument("--seconds", type=float, default=10.0,
+                   help="the training budget of a run (evaluation excluded)")
+    p.add_argument("--stop-at", type=float,
+                   help="stop once this accuracy is reached (AdaptDL's runs: no budget)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-epochs", type=int, default=200)
-    p.add_argument("--max-seconds", type=float, default=60.0)
-    p.add_argument("--full", action="store_true", help="train on after reaching the target")
     p.add_argument("--data", help="the .npz that --make-data wrote")
     p.add_argument("--make-data", metavar="PATH", help="generate MNIST-1D into PATH and exit")
     p.add_argument("--data-seed", type=int, default=42)
+    p.add_argument("--samples", type=int, default=20000,
+                   help="--make-data: samples to generate (80 %% train, 20 %% test)")
+    p.add_argument("--eval-every", type=int, default=4000,
+                   help="evaluate after every this many training samples")
     p.add_argument("--launch", type=int, help="adaptdl: start this many processes")
     p.add_argument("--summary", metavar="JSONL", help="print the figures from runs' lines")
     args = p.parse_args()
     if args.make_data:
-        return make_data(args.make_data, args.data_seed)
+        return make_data(args.make_data, args.data_seed, args.samples)
     if args.summary:
-        return summary(args.summary)
+        return summary(args.summary, [float(t) for t in args.targets.split(",")])
     if args.launch:
         return launch_adaptdl(args, sys.argv[1:])
     train(args)
