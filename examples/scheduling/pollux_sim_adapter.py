@@ -174,8 +174,13 @@ def run_workload(args):
     simulator.Job.reallocate = reallocate
     name = os.path.basename(path)[:-4]
     messages = []
-    adapter = PolicyAdapter(restart, opts["compare_ga"],
-                            log=lambda m: messages.append("%s: %s" % (name, m)))
+
+    def log(message):
+        messages.append("%s: %s" % (name, message))
+        if opts.get("progress"):
+            print(messages[-1], flush=True)
+
+    adapter = PolicyAdapter(restart, opts["compare_ga"], log=log)
     # The simulator builds Pollux-style jobs for a PolluxPolicy: the adapter takes its place.
     simulator.PolluxPolicy = PolicyAdapter
     cluster = simulator.Cluster(pandas.read_csv(path), adapter, 16, num_gpus=4)
@@ -218,12 +223,15 @@ def main():
         paths = [x for x in paths if os.path.basename(x)[:-4] == args.only]
     if not paths:
         sys.exit("no workloads in %s" % folder)
-    sys.path.insert(0, args.simulator)
-    os.chdir(args.simulator)  # (the simulator reads its traces relative to itself)
-    opts = {"simulator": os.path.abspath(args.simulator),
+    simulator_dir = os.path.abspath(args.simulator)
+    paths = [os.path.abspath(x) for x in paths]
+    output = os.path.abspath(args.output) if args.output else None
+    sys.path.insert(0, simulator_dir)
+    os.chdir(simulator_dir)  # (the simulator reads its traces relative to itself)
+    opts = {"simulator": simulator_dir,
             "restart_seconds": args.restart_seconds, "compare_ga": args.compare_ga,
             "progress": args.progress}
-    work = [(os.path.abspath(x), opts) for x in paths]
+    work = [(x, opts) for x in paths]
     if args.processes > 1 and len(work) > 1:
         import multiprocessing
         with multiprocessing.Pool(min(args.processes, len(work))) as pool:
@@ -232,8 +240,9 @@ def main():
         results = [run_workload(w) for w in work]
     summary = {"jcts": {}, "avgs": {}, "p99": {}, "policy_seconds": {}, "ga_comparison": {}}
     for name, jcts, seconds, comparisons, messages in sorted(results):
-        for m in messages:
-            print(m)
+        if not args.progress:
+            for m in messages:
+                print(m)
         summary["jcts"][name] = jcts
         summary["avgs"][name] = sum(jcts.values()) / len(jcts)
         summary["p99"][name] = percentile(list(jcts.values()), 99)
@@ -249,9 +258,9 @@ def main():
     summary["mean"] = sum(summary["avgs"].values()) / len(summary["avgs"])
     print("mean of the average JCTs: %.0f s (restart %.1f s)" % (summary["mean"],
                                                                   args.restart_seconds))
-    if args.output:
-        os.makedirs(args.output, exist_ok=True)
-        with open(os.path.join(args.output, "summary.json"), "w") as f:
+    if output:
+        os.makedirs(output, exist_ok=True)
+        with open(os.path.join(output, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
 
 
