@@ -188,10 +188,16 @@ class Policy(object):
         changed, kept = row
         return changed if kept is None else max(changed, kept)
 
+    def _at(self, table, r):
+        """The job's best term at count r (nothing's where r is not an option: a queued job
+        below its minimum)."""
+        return self._value(table[r]) if r in table else self.utility(0.0)
+
     def _greedy(self, keys, tables, capacity):
         """Replica counts within the total slots: the best gain per slot first."""
         counts = {}
         used = 0
+        order = {k: i for i, k in enumerate(keys)}  # (ties: the earlier job)
         for k in keys:
             low = min(tables[k])
             counts[k] = low
@@ -201,8 +207,7 @@ class Policy(object):
             # (ties: the earlier in order); the others are queued this round.
             nothing = self.utility(0.0)
             rank = sorted(keys, key=lambda k: (
-                -(self._value(tables[k][counts[k]]) - nothing) / max(counts[k], 1),
-                keys.index(k)))
+                -(self._value(tables[k][counts[k]]) - nothing) / max(counts[k], 1), order[k]))
             used = 0
             for k in rank:
                 if used + counts[k] <= capacity:
@@ -210,7 +215,6 @@ class Policy(object):
                 else:
                     counts[k] = 0
         heap = []
-        order = {k: i for i, k in enumerate(keys)}
 
         def push(k):
             best = self._best_step(tables[k], counts[k], capacity - used)
@@ -236,7 +240,7 @@ class Policy(object):
     def _best_step(self, table, r, room):
         """(gain per slot, new count) of the best larger count within ``room`` more slots, or
         None when nothing gains."""
-        here = self._value(table[r]) if r in table else self.utility(0.0)
+        here = self._at(table, r)
         best = None
         for r2, row in table.items():
             if r2 <= r or r2 - r > room:
@@ -254,7 +258,7 @@ class Policy(object):
             gains, losses = {}, {}
             for k in keys:
                 table, r = tables[k], counts[k]
-                here = self._value(table[r]) if r in table else self.utility(0.0)
+                here = self._at(table, r)
                 for step in range(1, max_k + 1):
                     if r + step in table:
                         g = self._value(table[r + step]) - here
@@ -462,7 +466,7 @@ class Policy(object):
             best = None
             for k in keys:
                 table, r = tables[k], counts[k]
-                here = self._value(table[r]) if r in table else self.utility(0.0)
+                here = self._at(table, r)
                 current = allocation.get(k, [])
                 for r2 in sorted(x for x in table if x > r):
                     # grow where it is if the hosts have room, else anywhere it fits

@@ -92,6 +92,28 @@ class Targets(torch.utils.data.Dataset):
 DIM = 64
 
 
+def frozen_regression(kind, make, s, steps, b0, **adaptive):
+    """Trains the Targets regression (noise s, DIM outputs on a constant feature) for
+    ``steps`` steps of ``b0`` with weights frozen by lr 0 at w = mu + 1/sqrt(DIM), bias 0,
+    under AdaptiveDataParallel with every step weighing the same; returns it with the last
+    step's averaged norms taken in."""
+    data = Targets(steps * b0, s)
+    model = torch.nn.Linear(1, DIM).to(torch.float64)
+    with torch.no_grad():
+        model.weight.copy_((data.mu + DIM ** -0.5).reshape(DIM, 1))
+        model.bias.zero_()
+    model, opt = optimizer_for(kind, model, make)
+    model = adl.AdaptiveDataParallel(model, opt, horizon_samples=10 ** 9, **adaptive)
+    loader = adl.AdaptiveDataLoader(data, batch_size=b0, shuffle=True)
+    for y in loader:
+        opt.zero_grad()
+        pred = model(torch.ones(len(y), 1, dtype=torch.float64))
+        (0.5 * ((pred - y) ** 2).sum(1).mean()).backward()
+        opt.step()
+    model._receive()  # the last step's averaged norms
+    return model
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_noise_scale_of_a_regression_with_known_noise_within_ten_percent(kind):
     # Frozen weights (lr 0) at w = mu + 1/sqrt(DIM) in every coordinate, bias 0: the weight's
@@ -100,20 +122,7 @@ def test_noise_scale_of_a_regression_with_known_noise_within_ten_percent(kind):
     # a bucket: the sharded stages divide it by the ranks before reducing it.)
     s, steps = 0.25, 200
     b0 = 32 * hvd.size()
-    data = Targets(steps * b0, s)
-    model = torch.nn.Linear(1, DIM).to(torch.float64)
-    with torch.no_grad():
-        model.weight.copy_((data.mu + DIM ** -0.5).reshape(DIM, 1))
-        model.bias.zero_()
-    model, opt = optimizer_for(kind, model, lambda ps: torch.optim.SGD(ps, lr=0.0))
-    model = adl.AdaptiveDataParallel(model, opt, horizon_samples=10 ** 9)
-    loader = adl.AdaptiveDataLoader(data, batch_size=b0, shuffle=True)
-    for y in loader:
-        opt.zero_grad()
-        pred = model(torch.ones(len(y), 1, dtype=torch.float64))
-        (0.5 * ((pred - y) ** 2).sum(1).mean()).backward()
-        opt.step()
-    model._receive()  # the last step's averaged norms
+    model = frozen_regression(kind, lambda ps: torch.optim.SGD(ps, lr=0.0), s, steps, b0)
     exact = s * s * DIM / 1.0
     phi = adl.gradient_noise_scale()
     assert phi == pytest.approx(exact, rel=0.10), (phi, exact, adl.stats())
@@ -135,21 +144,8 @@ def test_adam_preconditioned_norms_are_weighed_by_adams_update_scale(kind):
     # |G|^2 would read 2.
     s, steps = 0.25, 200
     b0 = 32 * hvd.size()
-    data = Targets(steps * b0, s)
-    model = torch.nn.Linear(1, DIM).to(torch.float64)
-    with torch.no_grad():
-        model.weight.copy_((data.mu + DIM ** -0.5).reshape(DIM, 1))
-        model.bias.zero_()
-    model, opt = optimizer_for(kind, model, lambda ps: torch.optim.Adam(ps, lr=0.0))
-    model = adl.AdaptiveDataParallel(model, opt, scaling_rule=adl.AdamScale(),
-                                     horizon_samples=10 ** 9)
-    loader = adl.AdaptiveDataLoader(data, batch_size=b0, shuffle=True)
-    for y in loader:
-        opt.zero_grad()
-        pred = model(torch.ones(len(y), 1, dtype=torch.float64))
-        (0.5 * ((pred - y) ** 2).sum(1).mean()).backward()
-        opt.step()
-    model._receive()
+    model = frozen_regression(kind, lambda ps: torch.optim.Adam(ps, lr=0.0), s, steps, b0,
+                              scaling_rule=adl.AdamScale())
     w2 = 1.0 / (1.0 / DIM + s * s / b0)
     assert model.noise.sqr == pytest.approx(2.0 * w2, rel=0.10), (model.noise.sqr, w2)
     assert adl.gradient_noise_scale() == pytest.approx(s * s * DIM, rel=0.10)
