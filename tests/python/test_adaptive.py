@@ -228,6 +228,40 @@ def test_every_sample_once_while_the_configuration_changes():
     assert adl.current_epoch() is None
 
 
+def test_a_loader_outside_epochs_takes_up_the_synced_epoch_and_position():
+    """A rank that joins an elastic job (or rolls back) gets the adaptive state synced; a loader
+    iterated without remaining_epochs_until must then draw what the others draw next (the
+    same epoch's shuffle, from the same position), not start its own epoch 0."""
+    b = 4 * hvd.size()
+    n = 10 * b
+
+    def run(steps, state=None):
+        data = Indexed(n)
+        model = regression(torch.zeros(D, dtype=torch.float64))
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        model = adl.AdaptiveDataParallel(model, opt)
+        if state is not None:
+            model.adaptive_state.load_state_dict(state)
+        loader = adl.AdaptiveDataLoader(data, batch_size=b, shuffle=True)
+        drawn, saved = [], None
+        while len(drawn) < steps:
+            for x, y, idx in loader:
+                opt.zero_grad()
+                loss_of(model, x, y).backward()
+                opt.step()
+                drawn.append(idx.tolist())
+                if len(drawn) == 13:  # (in the second epoch: 10 steps an epoch)
+                    saved = model.adaptive_state.state_dict()
+                if len(drawn) == steps:
+                    break
+        return drawn, saved
+
+    whole, saved = run(25)
+    assert saved["progress"]["positions"]["adaptdl-dataloader"][0] == 1
+    resumed, _ = run(12, saved)
+    assert resumed == whole[13:]
+
+
 def test_state_loads_with_weights_only_and_round_trips():
     data = Indexed(40)
     model = regression(torch.zeros(D, dtype=torch.float64))

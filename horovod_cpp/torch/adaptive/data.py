@@ -164,7 +164,17 @@ class AdaptiveDataLoader(object):
         return max(0, math.ceil(left / max(1, self.current_batch_size)))
 
     def _current_epoch(self):
-        return CONTEXT.progress.epoch if CONTEXT.in_epochs else self._epoch
+        """``remaining_epochs_until``'s epoch; outside it, the loader's own, which comes from
+        its saved position when there is one (the state that an elastic reset syncs and a
+        checkpoint restores: a rank that joins a job, or rolls back, takes up the same epoch
+        and position as the others; its own counter alone would start a new rank at epoch 0,
+        with another shuffle and other epoch ends)."""
+        if CONTEXT.in_epochs:
+            return CONTEXT.progress.epoch
+        saved = CONTEXT.progress.positions.get(self.name)
+        if saved is None:
+            return self._epoch
+        return saved[0] + 1 if saved[1] >= len(self.dataset) else saved[0]
 
     def __iter__(self):
         epoch = self._current_epoch()
