@@ -425,7 +425,7 @@ constexpr const char* kReadByPython[] = {
     "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_GLOO_SECRET",   "HOROVOD_GLOO_SCOPE",
     "HOROVOD_GLOO_IFACE",    "HOROVOD_GLOO_TIMEOUT_SECONDS", "HOROVOD_ELASTIC_WORKER_ID",
     "HOROVOD_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_WORKER_START",
-    "HOROVOD_ADAPTIVE_MEMORY_BUDGET"};
+    "HOROVOD_ADAPTIVE_MEMORY_BUDGET", "HOROVOD_SCHEDULER_JOB"};
 // Prefixes of Horovod's build-time settings (pip install horovod).
 constexpr const char* kBuildPrefixes[] = {"HOROVOD_WITH_",  "HOROVOD_WITHOUT_", "HOROVOD_BUILD_",
                                           "HOROVOD_CUDA_",  "HOROVOD_NCCL_",    "HOROVOD_CMAKE",

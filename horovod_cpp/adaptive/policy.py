@@ -44,10 +44,11 @@ class JobInfo(object):
     """What the policy knows of a job: ``speedup(hosts, replicas)`` (a float; 0 at 0 replicas),
     ``min_replicas``/``max_replicas``, ``submitted`` (a timestamp, for the order of ties),
     ``attained_service`` (slot-seconds), ``restarts`` (reallocations so far) and ``age``
-    (seconds since submission)."""
+    (seconds since submission). ``preemptible=False``: a job that must keep its minimum when
+    the minimums do not all fit (a running in-process job has no checkpoint to resume from)."""
 
     def __init__(self, speedup, min_replicas=0, max_replicas=1, submitted=0.0,
-                 attained_service=0.0, restarts=0, age=0.0):
+                 attained_service=0.0, restarts=0, age=0.0, preemptible=True):
         if max_replicas < max(1, min_replicas):
             raise ValueError("max_replicas (%r) must be at least 1 and min_replicas (%r)"
                              % (max_replicas, min_replicas))
@@ -58,6 +59,7 @@ class JobInfo(object):
         self.attained_service = float(attained_service)
         self.restarts = int(restarts)
         self.age = float(age)
+        self.preemptible = bool(preemptible)
 
 
 def restart_factor(job, cost):
@@ -204,9 +206,11 @@ class Policy(object):
             used += low
         if used > capacity:
             # The minimums alone do not fit: start the jobs whose minimum gains most per slot
-            # (ties: the earlier in order); the others are queued this round.
+            # (ties: the earlier in order), those that may not be preempted first; the others
+            # are queued this round.
             nothing = self.utility(0.0)
             rank = sorted(keys, key=lambda k: (
+                tables[k].job.preemptible,
                 -(self._value(tables[k][counts[k]]) - nothing) / max(counts[k], 1), order[k]))
             used = 0
             for k in rank:

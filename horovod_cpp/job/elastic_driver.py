@@ -7,7 +7,12 @@ protocol in the rendezvous store). The driver forms a new round when
 
 * a worker ends with a failure: its host is blacklisted (for a time drawn from
   --blacklist-cooldown-range, else for good) and the host's other workers are stopped;
-* a host disappears from the discovery script's output: its workers are stopped;
+* a host disappears from the discovery script's output: its workers are stopped; with
+  ``drain_seconds`` (the Ray scheduler's shrinks: the host is fine, the job just gets fewer
+  slots on it) the removed slots' workers are drained instead: the hosts version is bumped, and
+  once every member has asked for a reset at its next commit the round forms without them and
+  they are told to leave, so no step is lost (they are stopped if that takes longer than
+  ``drain_seconds``);
 * hosts (or slots) appear: new workers start; once every one of them is up (has arrived at the
   rendezvous, or ARRIVAL_LIMIT passed) the hosts version is bumped, and the round forms once
   every member of the current round has asked for a reset (at its next ``state.commit()`` /
@@ -69,6 +74,7 @@ class Worker(object):
         self.rank = None  # in the latest round it belongs to
         self.ended = None  # exit status once it ended
         self.removed = False  # stopped by the driver (its host went away or was blacklisted)
+        self.leaving = None  # when the driver began draining it (its slot was removed)
 
     def live(self):
         return self.ended is None and not self.removed
@@ -90,7 +96,7 @@ class ElasticDriver(object):
                  slots_per_host=1, elastic_timeout=600.0, reset_limit=None,
                  cooldown_range=None, env=None, on_line=None, ssh_args=(), ssh="ssh",
                  log=None, discover=None, spawn=None, hostname=None, lost=None, address=None,
-                 stop=None):
+                 stop=None, drain_seconds=0.0):
         self.command = list(command)
         self.np, self.min_np, self.max_np = np, min_np, max_np
         self.fixed_hosts = dict(hosts) if hosts else None
@@ -98,6 +104,9 @@ class ElasticDriver(object):
         self.discover_fn, self.spawn_fn = discover, spawn
         self.hostname_fn, self.lost_fn = hostname, lost
         self.stop_fn = stop or remote.stop_process
+        self.drain_seconds = float(drain_seconds or 0.0)
+        self.drain_since = None  # when the members were told of the slots being drained
+        self.cancelled = None  # why cancel() ended the job
         self.address = address
         self.slots_per_host = slots_per_host
         self.elastic_timeout = elastic_timeout
@@ -178,6 +187,19 @@ class ElasticDriver(object):
         self.workers.append(w)
         return w
 
+    def cancel(self, why="cancelled"):
+        """Ends the job from another thread: run() stops every worker and raises
+        ElasticError(why)."""
+        self.cancelled = why
+
+    def bump_hosts_version(self, now):
+        """Tells the members that hosts changed: each asks for a reset at its next commit."""
+        self.hosts_version += 1
+        self.server.put("elastic/hosts_version", str(self.hosts_version).encode())
+        self.pending_add = True
+        if any(w.leaving is not None for w in self.live_workers()):
+            self.drain_since = now
+
     def stop_worker(self, w):
         w.removed = True
         self.stop_fn(w.proc)
@@ -195,7 +217,7 @@ class ElasticDriver(object):
                 continue
             used = {w.slot for w in self.live_workers() if w.host == host}
             for slot in range(slots):
-                if len(self.live_workers()) >= limit:
+                if len([w for w in self.live_workers() if w.leaving is None]) >= limit:
                     return started
                 if slot not in used:
                     started.append(self.start_worker(host, slot))
@@ -203,7 +225,8 @@ class ElasticDriver(object):
 
     # ---- rounds --------------------------------------------------------------------------
     def form_round(self, reason):
-        live = self.live_workers()
+        live = [w for w in self.live_workers() if w.leaving is None]
+        leaving = [w for w in self.live_workers() if w.leaving is not None]
         if self.round >= 0:
             if self.reset_limit is not None and self.resets >= self.reset_limit:
                 raise ElasticError("the job needed another reset (%s) but --reset-limit %d was "
@@ -221,11 +244,15 @@ class ElasticDriver(object):
             }).encode())
         for w in live[len(members):] if len(live) > len(members) else []:
             self.server.put("elastic/%d/assign/%s" % (k, w.id), b"stop")
+        for w in leaving:  # drained: they wait for this round, which tells them to leave
+            self.server.put("elastic/%d/assign/%s" % (k, w.id), b"stop")
+            self.stop_worker(w)
         self.server.put("elastic/round", str(k).encode())
         self.members = members
         self.forming = (k, time.monotonic() + self.elastic_timeout)
         self.pending_add = False
         self.arriving = []
+        self.drain_since = None
         self.history.append((k, [w.id for w in members], reason))
         self.log("round %d: %d ranks (%s): %s" % (k, len(members),
                                                 ", ".join(w.id for w in members), reason))
@@ -288,6 +315,8 @@ class ElasticDriver(object):
         need = None
         while True:
             time.sleep(0.05)
+            if self.cancelled is not None:
+                raise ElasticError(self.cancelled)
             now = time.monotonic()
             for w in self.workers:
                 if w.ended is None and not w.removed and w.proc.poll() is not None:
@@ -325,21 +354,41 @@ class ElasticDriver(object):
                     hosts = self.discover()
                 except (ElasticError, subprocess.TimeoutExpired) as e:
                     self.log("host discovery failed, keeping the last hosts: %s" % e)
+                drained = False
                 for w in self.live_workers():
-                    if w.host not in hosts or w.slot >= hosts[w.host]:
-                        self.log("host %s is gone from the discovered hosts" % w.host)
-                        self.stop_worker(w)
-                        need = need or "worker %s's host was removed" % w.id
+                    if w.host in hosts and w.slot < hosts[w.host]:
+                        if w.leaving is not None and self.forming is None:
+                            w.leaving = None  # (its slot came back before the round formed)
+                            self.log("worker %s stays: its slot is back" % w.id)
+                        continue
+                    if w.leaving is not None:
+                        continue
+                    if self.drain_seconds > 0 and w in self.members and self.forming is None:
+                        w.leaving = now
+                        drained = True
+                        self.log("slot %s was removed: draining its worker at the next commit"
+                                 % w.id)
+                        continue
+                    self.log("host %s is gone from the discovered hosts" % w.host)
+                    self.stop_worker(w)
+                    need = need or "worker %s's host was removed" % w.id
                 started = self.grow(hosts, now)
                 if started:
                     self.arriving.extend((w, now) for w in started)
                     self.log("started %s for added hosts; the round forms once they are up"
                              % ", ".join(w.id for w in started))
+                if drained and not self.arriving:  # (else the newcomers' arrival bumps it)
+                    self.bump_hosts_version(now)
+            late = [w for w in self.live_workers() if w.leaving is not None and
+                    self.drain_since is not None and now - self.drain_since > self.drain_seconds]
+            for w in late:
+                self.log("worker %s did not reach a commit within %g s of its slot's removal: "
+                         "stopping it" % (w.id, self.drain_seconds))
+                self.stop_worker(w)
+                need = need or "worker %s's slot was removed" % w.id
             if self.arriving and self.arrived(now):
                 self.arriving = []
-                self.hosts_version += 1
-                self.server.put("elastic/hosts_version", str(self.hosts_version).encode())
-                self.pending_add = True
+                self.bump_hosts_version(now)
             if self.forming is not None and need is None:
                 need = self.check_forming(now)
                 if self.forming is not None or need is not None:

@@ -59,10 +59,13 @@ class ElasticSettings(object):
 class _ElasticWorker(object):
     """One slot's worker: a Ray actor on its node (made remote in ``_Job.spawn``)."""
 
-    def run(self, env, fn, args, kwargs):
+    def run(self, env, fn, args, kwargs, hints=None):
         os.environ.update(env)
         from horovod_cpp import elastic
         elastic.in_launcher_process = True
+        if hints is not None:  # the scheduler's: where the job's goodput hints go
+            from horovod_cpp.adaptive import hints as _hints
+            _hints.set_sink(hints)
         return outcome(lambda: fn(*(args or ()), **(kwargs or {})))
 
 
@@ -119,6 +122,7 @@ class _Job(object):
         import ray
         e = self.executor
         hosts = {}
+        allotted = e.allotment() if e.allotment is not None else None
         for node in ray.nodes():
             if not node.get("Alive"):
                 continue
@@ -126,6 +130,8 @@ class _Job(object):
             slots = int(resources.get("CPU", 0) // e.cpus_per_slot)
             if e.gpus_per_slot:
                 slots = min(slots, int(resources.get("GPU", 0) // e.gpus_per_slot))
+            if allotted is not None:
+                slots = min(slots, int(allotted.get(node["NodeID"], 0)))
             if slots < 1:
                 continue
             name = "%s@%s" % (node["NodeID"][:12], node["NodeManagerAddress"])
@@ -148,7 +154,8 @@ class _Job(object):
         if nics:
             env["HOROVOD_GLOO_IFACE"] = nics if isinstance(nics, str) else sorted(nics)[0]
         env.update(e.env_vars)
-        return _ActorProcess(actor, actor.run.remote(env, self.fn, self.args, self.kwargs),
+        return _ActorProcess(actor, actor.run.remote(env, self.fn, self.args, self.kwargs,
+                                                     e.hints),
                              node_id)
 
     def hostname(self, host):
@@ -169,7 +176,12 @@ class _Job(object):
 class ElasticRayExecutor(object):
     """Runs an elastic function on the Ray cluster's nodes (see the module's documentation).
     ``cpus_per_slot``/``gpus_per_slot``: each worker's resources (a node has as many slots as
-    they fit in it); ``env_vars``: variables every worker gets."""
+    they fit in it); ``env_vars``: variables every worker gets.
+
+    For the scheduler (``horovod_cpp.ray.scheduler``): ``allotment()`` returns the slots the job
+    may use, {Ray node id: slots}, read again every second (the job grows into slots added and
+    drains slots taken away at its next commit, within ``drain_seconds``); ``hints`` is a
+    callable the workers' adaptive training sends its goodput hints to."""
 
     @staticmethod
     def create_settings(min_np=None, max_np=None, reset_limit=None, elastic_timeout=600,
@@ -183,7 +195,8 @@ class ElasticRayExecutor(object):
                                nics=nics, verbose=verbose)
 
     def __init__(self, settings, use_gpu=False, cpus_per_slot=1, gpus_per_slot=None,
-                 env_vars=None, override_discovery=True):
+                 env_vars=None, override_discovery=True, allotment=None, drain_seconds=0.0,
+                 hints=None):
         self.settings = settings or ElasticSettings()
         s = self.settings
         check_positive_ints(min_np=s.min_np, max_np=s.max_np)
@@ -196,8 +209,18 @@ class ElasticRayExecutor(object):
         self.cpus_per_slot = cpus_per_slot
         self.gpus_per_slot = (gpus_per_slot or 1) if use_gpu else 0
         self.env_vars = {k: str(v) for k, v in (env_vars or {}).items()}
+        self.allotment = allotment
+        self.drain_seconds = drain_seconds
+        self.hints = hints
         self.history = []  # the rounds of the last (or current) run: (round, [ids], reason)
+        self.driver = None  # the elastic driver of the run under way
+        self._job = None
         self._started = False
+
+    def node_of_host(self, host):
+        """The Ray node id of one of the run's hosts (None if unknown)."""
+        job = self._job
+        return job.nodes.get(host, (None, None))[0] if job is not None else None
 
     def start(self):
         """Connects to the Ray cluster (``RAY_ADDRESS``, else a local one) if not yet."""
@@ -219,7 +242,7 @@ class ElasticRayExecutor(object):
         if not self._started:
             raise RuntimeError("ElasticRayExecutor: start() first")
         s = self.settings
-        job = _Job(self, worker_fn, args, kwargs)
+        job = self._job = _Job(self, worker_fn, args, kwargs)
         hosts = job.discover()
         slots = sum(hosts.values())
         if slots < s.min_np:
@@ -234,7 +257,8 @@ class ElasticRayExecutor(object):
             reset_limit=s.reset_limit, cooldown_range=s.cooldown_range, log=self._log,
             discover=job.discover, spawn=job.spawn, hostname=job.hostname, lost=job.lost,
             address=facing_address([ip for _, ip in job.nodes.values()]),
-            stop=_ActorProcess.stop)
+            stop=_ActorProcess.stop, drain_seconds=self.drain_seconds)
+        self.driver = driver
         self.history = driver.history  # (the rounds as they form, for whoever watches)
         try:
             rc = driver.run()

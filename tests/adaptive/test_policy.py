@@ -152,6 +152,21 @@ def test_min_replicas_and_queueing():
         JobInfo(speedup(1.0, 0.0), min_replicas=3, max_replicas=2)
 
 
+def test_a_running_job_that_may_not_be_preempted_keeps_its_minimum():
+    """The cluster shrank below the minimums: the Ray scheduler's running jobs (no checkpoint
+    to resume from) keep theirs, and the queued jobs wait, whatever the gains say."""
+    hosts = {"a": 4}
+    jobs = {"new": JobInfo(speedup(1.0, 0.0), min_replicas=2, max_replicas=4, submitted=0),
+            "run": JobInfo(speedup(0.2, 0.0), min_replicas=3, max_replicas=4, submitted=1,
+                           attained_service=100.0, age=100.0)}
+    current = {"run": ["a"] * 3}
+    assert Policy().optimize(jobs, hosts, current)["run"] == []  # (preemptible: it loses)
+    jobs["run"] = JobInfo(speedup(0.2, 0.0), min_replicas=3, max_replicas=4, submitted=1,
+                          attained_service=100.0, age=100.0, preemptible=False)
+    alloc = Policy().optimize(jobs, hosts, current)
+    assert len(alloc["run"]) >= 3 and alloc["new"] == []
+
+
 def test_power_mean_and_objective_by_hand():
     # Two jobs, each alone on a host of 2 slots, speedup = replicas: scaled speedups
     # 2 * (2 hosts / 4 slots) = 1 each; harmonic mean of (1 + 1e-3) twice = 1.001.

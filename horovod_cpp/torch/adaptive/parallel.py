@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from horovod_cpp.adaptive import hints as _hints
 from horovod_cpp.adaptive.goodput import GoodputModel
 from horovod_cpp.adaptive.memory import MemoryModel, default_budget
 from horovod_cpp.adaptive.noise import NoiseScale
@@ -179,6 +180,7 @@ class AdaptiveDataParallel(torch.nn.Module):
         self._hosts = 1              # hosts of the job (_count_hosts)
         self._hosts_unknown = True
         self.predicted_goodput = None
+        self._hints_sent = None      # when rank 0 last sent goodput hints (_publish_hints)
         self.adaptive_state = AdaptiveState(self)
         self._hvd_adaptive_state = self.adaptive_state  # found by hvd.elastic.TorchState
         self._patch_optimizer()
@@ -269,6 +271,8 @@ class AdaptiveDataParallel(torch.nn.Module):
             self.accumulation_steps = 0
         elif resized or self._since_decision >= self.decide_every:
             self._decide(loader, force=resized)
+        if _hints.active() and rank() == 0:
+            self._publish_hints(loader)
         # The step is timed from here (its data loading included) to the end of its optimizer
         # step, as AdaptDL does: whatever the loop does between steps (evaluation, logging, a
         # checkpoint, a barrier) is not the configuration's cost. The first step of a
@@ -320,6 +324,34 @@ class AdaptiveDataParallel(torch.nn.Module):
             self.predicted_goodput = best.goodput
         self._since_decision = 0
         self._start_fit()
+
+    def _publish_hints(self, loader, interval=1.0):
+        """Sends the job's goodput model to the scheduler (horovod_cpp.adaptive.hints), at
+        most once per ``interval`` seconds; rank 0 only."""
+        now = time.monotonic()
+        if self._hints_sent is not None and now - self._hints_sent < interval:
+            return
+        self._hints_sent = now
+        lo, hi = loader.local_bsz_bounds or (None, None)
+        if hi is None and self.memory is not None:
+            hi = self.memory.limit()
+            if hi is not None and lo is not None:
+                hi = max(hi, lo)
+        b0 = loader.batch_size
+        pauses = [r["first_step"] - r["last_step"] for r in self.resizes[-8:]
+                  if r.get("first_step") and r.get("last_step")]
+        ready = self.noise is not None and self.noise.ready
+        _hints.publish({
+            "perf_params": list(self._perf) if self._perf is not None else None,
+            "grad_params": list(self.noise.grad_params(b0)) if ready else None,
+            "init_batch_size": b0, "max_batch_size": loader.max_batch_size,
+            "local_bsz_bounds": [lo, hi], "gradient_accumulation":
+                bool(loader.gradient_accumulation) and loader.max_batch_size is not None,
+            "max_profiled_replicas": max((o[1] for o in self.profile.observations()),
+                                         default=size()),
+            "resize_pauses": pauses, "progress": self.scale_progress, "steps": self.steps,
+            "ranks": size(), "batch_size": (self.atomic_bsz or 0) *
+                (self.accumulation_steps + 1) * size()})
 
     def _start_fit(self):
         if self._fit is not None or not len(self.profile):

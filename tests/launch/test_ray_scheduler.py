@@ -1,0 +1,149 @@
+"""The goodput scheduler (horovod_cpp.ray.scheduler) on a real local Ray cluster (4 CPUs): a job
+alone grows into the free slots as its goodput hints arrive and shrinks for a newcomer at a
+commit, with no step lost and no slot used twice; queueing, cancelling, a failing job and bad
+submissions; the CLI (submit, status, wait, cancel) against the same scheduler actor. Across
+the test bed's hosts (Poisson arrivals, a host killed): tests/multihost/ray."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import cloudpickle
+import pytest
+import ray
+
+from horovod_cpp import _import_core
+from horovod_cpp.ray.scheduler import CANCELLED, FAILED, QUEUED, RUNNING, Scheduler, \
+    SchedulerError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "examples", "scheduling"))
+import jobs  # noqa: E402
+
+cloudpickle.register_pickle_by_value(jobs)
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = [pytest.mark.deadline(300),
+              pytest.mark.skipif(not _import_core().gloo_built(), reason="built without Gloo")]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR",
+             namespace="horovod_cpp", _temp_dir=str(tmp_path_factory.mktemp("ray")),
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture
+def sched(cluster):
+    made = []
+
+    def make(**options):
+        options.setdefault("name", "sched-%d" % len(made))
+        s = Scheduler(**options)
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.shutdown()
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("not within %g s: %s" % (timeout, what))
+
+
+def test_a_job_grows_alone_and_shrinks_for_a_newcomer_without_losing_a_step(sched):
+    s = sched(interval=3, drain_seconds=60, timeout_s=30)
+    a = s.submit(jobs.train_job, kwargs=dict(target=6000, seed=1, sample_delay=5e-4),
+                 min_np=1, max_np=4, name="a")
+    # Alone, it starts at 1 slot (no model yet), and grows (to at most twice what it has
+    # measured) as its hints arrive.
+    wait_for(lambda: s.status(a)["ranks"] == 4, 120, "job a grows to the 4 slots")
+    b = s.submit(jobs.train_job, kwargs=dict(target=500, seed=2, sample_delay=5e-4),
+                 min_np=1, max_np=4, name="b")
+    ra, rb = s.wait(a, timeout=240), s.wait(b, timeout=240)
+    for result in (ra, rb):
+        assert len({(r["steps"], r["progress"]) for r in result}) == 1, result
+    a_sizes = ra[0]["sizes"]
+    assert 4 in a_sizes and a_sizes.index(4) < len(a_sizes) - 1, a_sizes  # grew, then shrank
+    assert ra[0]["lost_steps"] == 0 and rb[0]["lost_steps"] == 0, (ra[0], rb[0])
+    assert ra[0]["progress"] >= 6000 and rb[0]["progress"] >= 500
+    status = {j["name"]: j for j in s.status()}
+    assert status["a"]["restarts"] >= 2 and status["b"]["state"] == "SUCCEEDED"
+    info = s.cluster()
+    slots = info["nodes"]
+    for _, live in info["trace"]:  # never more live workers on a node than it has slots
+        for node in slots:
+            assert sum(c.get(node, 0) for c in live.values()) <= slots[node], live
+    for _, plan, took in info["plans"]:
+        for node in slots:
+            assert sum(c.get(node, 0) for c in plan.values()) <= slots[node], plan
+        assert took < 1.0
+    assert 0 < info["restart_cost"] < 10  # measured by the jobs (their resize pauses)
+
+
+def boom():
+    import horovod_cpp.torch as hvd
+    hvd.init()
+    raise ValueError("bad batch on rank %d" % hvd.rank())
+
+
+def test_queue_cancel_failure_and_bad_submissions(sched):
+    s = sched(interval=60, drain_seconds=10, timeout_s=20, elastic_timeout=20)
+    long_job = dict(target=10 ** 6, seed=3, sample_delay=1e-3)
+    x = s.submit(jobs.train_job, kwargs=long_job, min_np=3, max_np=3, name="x")
+    wait_for(lambda: s.status(x)["state"] == RUNNING, 60, "x runs")
+    y = s.submit(jobs.train_job, kwargs=long_job, min_np=3, max_np=3, name="y")
+    time.sleep(3)
+    assert s.status(y)["state"] == QUEUED and s.status(y)["np"] == 0  # 3 + 3 > 4 slots
+    assert s.cancel(y) == CANCELLED and s.status(y)["state"] == CANCELLED
+    assert s.cancel(x) == CANCELLED
+    with pytest.raises(SchedulerError, match="cancelled"):
+        s.wait(x, timeout=60)
+    f = s.submit(boom, min_np=1, max_np=2, name="f")
+    with pytest.raises(SchedulerError, match="bad batch on rank"):
+        s.wait(f, timeout=90)
+    assert s.status(f)["state"] == FAILED
+    with pytest.raises(ValueError, match="min_np"):
+        s.submit(boom, min_np=0)
+    with pytest.raises(ValueError, match="min_np <= max_np"):
+        s.submit(boom, min_np=3, max_np=2)
+    with pytest.raises(KeyError, match="no job"):
+        s.status("nosuchjob")
+    wait_for(lambda: not any(j["np"] for j in s.status()), 60, "every slot is released")
+
+
+SCRIPT = """
+import sys
+sys.path.insert(0, %r)
+import jobs
+result = jobs.train_job(float(sys.argv[1]), seed=4)
+"""
+
+
+def test_the_cli_submits_waits_and_reports_status(sched, cluster, tmp_path):
+    sched(name="horovod_cpp_scheduler", interval=60)  # (the CLI's default name)
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT % os.path.join(ROOT, "examples", "scheduling"))
+    cli = [sys.executable, "-m", "horovod_cpp.ray.scheduler", "--address", cluster]
+    out = subprocess.run(cli + ["submit", "--min-np", "1", "--max-np", "2", str(script), "200"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip().splitlines()[-1]
+    out = subprocess.run(cli + ["wait", job, "--timeout", "120"], capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0 and "SUCCEEDED" in out.stdout, out.stdout + out.stderr
+    out = subprocess.run(cli + ["status", job], capture_output=True, text=True, timeout=120)
+    status = json.loads(out.stdout[out.stdout.index("{"):])
+    assert status["state"] == "SUCCEEDED" and status["name"] == "job.py"
+    out = subprocess.run(cli + ["cancel", "nosuchjob"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1 and "no job" in out.stderr
