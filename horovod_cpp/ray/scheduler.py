@@ -17,7 +17,8 @@ or from a shell: ``python -m horovod_cpp.ray.scheduler {start,submit,status,canc
 that every client (Python or the CLI) talks to the same one. Each job runs as an
 ``ElasticRayExecutor`` run inside the actor's process, on one thread per job, whose
 ``allotment()`` is the job's current slots in the plan: {Ray node id: slots}. A plan is made
-when a job arrives or ends, when a Ray node joins or leaves (polled every second: a lost node
+when a job arrives or ends, when a job's model first arrives or it has measured a larger size,
+when a Ray node joins or leaves (polled every second: a lost node
 is out of the plan at once and its jobs shrink and go on from their last commit), and every
 ``interval`` seconds (default 60). A job that is shrunk drains the removed slots' workers at its
 next ``state.commit()`` (no step lost; they are stopped after ``drain_seconds`` otherwise); one
@@ -213,7 +214,12 @@ class SchedulerCore(object):
         with self.lock:
             job = self.jobs.get(job_id)
             if job is not None and job.state == RUNNING:
-                job.hints = hints
+                old, job.hints = job.hints or {}, hints
+                # A plan at once when what the policy may do with the job changed: its model
+                # became available, or it measured a larger size (its cap doubles).
+                if _has_model(old) != _has_model(hints) or \
+                        old.get("max_profiled_replicas") != hints.get("max_profiled_replicas"):
+                    self.wake.set()
 
     def cluster(self):
         with self.lock:
@@ -452,6 +458,10 @@ class SchedulerCore(object):
         self.trace.append((now, live))
 
 
+def _has_model(hints):
+    return hints.get("perf_params") is not None and hints.get("grad_params") is not None
+
+
 def _count(allocation):
     counts = {}
     for n in allocation:
@@ -503,10 +513,15 @@ class Scheduler(object):
                 raise SchedulerError("no scheduler %r in namespace %r on this Ray cluster "
                                      "(start one: python -m horovod_cpp.ray.scheduler start)"
                                      % (name, namespace)) from None
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
             options = dict(options, name=name, namespace=namespace)
+            # On this client's node (a cluster's head, typically), not on a worker node whose
+            # loss would take the scheduler with it.
+            here = NodeAffinitySchedulingStrategy(
+                node_id=ray.get_runtime_context().get_node_id(), soft=False)
             self.actor = ray.remote(_Actor).options(
                 name=name, namespace=namespace, lifetime="detached", num_cpus=0,
-                max_concurrency=64, get_if_exists=True).remote(options)
+                max_concurrency=64, get_if_exists=True, scheduling_strategy=here).remote(options)
         ray.get(self.actor.ping.remote())
 
     def _call(self, method, *args):
@@ -573,6 +588,9 @@ def main(argv=None):
                    help="seconds a resize costs (default: the jobs' measured pauses)")
     p.add_argument("--drain-seconds", type=float, default=30.0,
                    help="how long a shrinking job has to reach a commit")
+    p.add_argument("--policy", choices=["goodput", "fcfs"], default="goodput",
+                   help="goodput (Pollux's objective) or fcfs (each job at its max-np, in "
+                        "submission order: the static baseline)")
     p = sub.add_parser("submit", help="submit a script as an elastic job")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
@@ -590,7 +608,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command == "start":
         Scheduler(args.address, interval=args.interval, cpus_per_slot=args.cpus_per_slot,
-                  restart_cost=args.restart_cost, drain_seconds=args.drain_seconds)
+                  restart_cost=args.restart_cost, drain_seconds=args.drain_seconds,
+                  policy=args.policy)
         print("scheduler %s running" % NAME)
         return 0
     try:
