@@ -8,7 +8,10 @@ the driver's go (which comes once every member of the round is ready, so nobody 
 rendezvous that a lost worker would leave hanging). Keys:
 
     elastic/round                      the latest round's number
-    elastic/<k>/assign/<worker id>     JSON {rank, size, ...} or "stop" (leave the job)
+    elastic/<k>/assign/<worker id>     JSON {rank, size, start, ...} or "stop:<start>" (leave
+                                       the job): for that start of the id only (a slot's id
+                                       repeats when a worker is started on it again, and a new
+                                       worker must not take an earlier one's assignment)
     elastic/<k>/ready/<worker id>      the worker has its assignment
     elastic/<k>/go                     every member is ready: meet
     elastic/<k>/reset/<worker id>      the worker left round k and waits for the next
@@ -90,7 +93,14 @@ class _Worker(object):
             if raw is None:  # not a member of round k: wait for a later one
                 seen = k
                 continue
-            if raw == b"stop":
+            mine = os.environ.get("HOROVOD_ELASTIC_WORKER_START", "0")
+            stop = raw.startswith(b"stop")
+            meant = (raw[5:].decode() or mine) if stop else \
+                str(json.loads(raw.decode()).get("start", mine))
+            if meant != mine:  # an earlier worker's, on this slot: not a member of round k
+                seen = k
+                continue
+            if stop:
                 print("horovod_cpp elastic: worker %s leaves the job (the driver removed it)"
                       % self.id, file=sys.stderr, flush=True)
                 sys.stdout.flush()

@@ -11,7 +11,7 @@ protocol in the rendezvous store). The driver forms a new round when
   ``drain_seconds`` (the Ray scheduler's shrinks: the host is fine, the job just gets fewer
   slots on it) the removed slots' workers are drained instead: the hosts version is bumped, and
   once every member has asked for a reset at its next commit the round forms without them and
-  they are stopped, so no step is lost (they are stopped if that takes longer than
+  they are told to leave, so no step is lost (they are stopped if that takes longer than
   ``drain_seconds``);
 * hosts (or slots) appear: new workers start; once every one of them is up (has arrived at the
   rendezvous, or ARRIVAL_LIMIT passed) the hosts version is bumped, and the round forms once
@@ -241,12 +241,10 @@ class ElasticDriver(object):
             w.rank = rank
             self.server.put("elastic/%d/assign/%s" % (k, w.id), json.dumps({
                 "rank": rank, "size": len(members), "hosts_version": self.hosts_version,
-            }).encode())
-        for w in live[len(members):] if len(live) > len(members) else []:
-            self.server.put("elastic/%d/assign/%s" % (k, w.id), b"stop")
-        for w in leaving:  # drained: they wait in a reset for a round; stopped instead (no
-            # "stop" assignment: a worker started later on the same slot has the same id and
-            # would take this round's "stop" as its own)
+                "start": w.start}).encode())
+        for w in live[len(members):] + leaving:  # (drained ones wait in a reset for a round)
+            self.server.put("elastic/%d/assign/%s" % (k, w.id), b"stop:%d" % w.start)
+        for w in leaving:
             self.stop_worker(w)
         self.server.put("elastic/round", str(k).encode())
         self.members = members

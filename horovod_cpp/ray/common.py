@@ -36,3 +36,15 @@ def facing_address(node_ips):
     mine = ray.util.get_node_ip_address()
     others = [ip for ip in node_ips if ip != mine]
     return network.source_address(others[0]) if others else mine
+
+
+def node_slots(node, cpus_per_slot, gpus_per_slot=0):
+    """Slots of one ``ray.nodes()`` entry: as many as its CPUs (and GPUs, if any per slot) hold;
+    0 for a node that is not alive."""
+    if not node.get("Alive"):
+        return 0
+    resources = node.get("Resources", {})
+    slots = int(resources.get("CPU", 0) // cpus_per_slot)
+    if gpus_per_slot:
+        slots = min(slots, int(resources.get("GPU", 0) // gpus_per_slot))
+    return slots

@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass
 
 from horovod_cpp.job.service import HorovodRunnerError, RankError, check_positive_ints
-from horovod_cpp.ray.common import facing_address, outcome
+from horovod_cpp.ray.common import facing_address, node_slots, outcome
 
 # How long a node where one of our workers died gets no new worker (the head's health checks
 # take ~15-30 s to declare a killed node dead; a node that is fine gets workers again after it).
@@ -124,12 +124,7 @@ class _Job(object):
         hosts = {}
         allotted = e.allotment() if e.allotment is not None else None
         for node in ray.nodes():
-            if not node.get("Alive"):
-                continue
-            resources = node.get("Resources", {})
-            slots = int(resources.get("CPU", 0) // e.cpus_per_slot)
-            if e.gpus_per_slot:
-                slots = min(slots, int(resources.get("GPU", 0) // e.gpus_per_slot))
+            slots = node_slots(node, e.cpus_per_slot, e.gpus_per_slot)
             if allotted is not None:
                 slots = min(slots, int(allotted.get(node["NodeID"], 0)))
             if slots < 1:

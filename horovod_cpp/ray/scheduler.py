@@ -48,6 +48,7 @@ import uuid
 
 from horovod_cpp.adaptive.hints import HintedSpeedup, replica_cap
 from horovod_cpp.adaptive.policy import JobInfo, Policy
+from horovod_cpp.ray.common import node_slots
 
 NAME = "horovod_cpp_scheduler"
 NAMESPACE = "horovod_cpp"
@@ -111,17 +112,14 @@ class _Job(object):
         self.sizes = []  # (time, np) whenever the plan changed the job's size
 
     def status(self):
-        nodes = {}
-        for n in self.allocation:
-            nodes[n] = nodes.get(n, 0) + 1
         hints = self.hints or {}
         # (the ranks the job last reported training at; before any report, its round's)
         driver = self.executor.driver if self.executor is not None else None
-        ranks = len(driver.members) if driver is not None and self.state == RUNNING else 0
-        ranks = hints.get("ranks", ranks) if self.state == RUNNING else 0
+        ranks = 0
+        if self.state == RUNNING:
+            ranks = hints.get("ranks", len(driver.members) if driver is not None else 0)
         return {"id": self.id, "name": self.name, "state": self.state, "np": len(self.allocation),
-                "ranks": ranks,
-                "nodes": nodes, "min_np": self.min_np, "max_np": self.max_np,
+                "ranks": ranks, "nodes": _count(self.allocation), "min_np": self.min_np, "max_np": self.max_np,
                 "submitted": self.submitted, "started": self.started, "ended": self.ended,
                 "restarts": self.restarts, "attained_service": self.attained,
                 "batch_size": hints.get("batch_size"), "progress": hints.get("progress"),
@@ -159,7 +157,7 @@ class SchedulerCore(object):
         self.wake = threading.Event()
         self.stopping = False
         self.plans = []  # (time, {job id: {node: slots}}, seconds the policy took)
-        self.trace = []  # (time, {job id: {node: live workers}}) every second
+        self.trace = []  # (time, {job id: {node: live workers}}) on each change (sampled 1/s)
         self.thread = None
 
     # ---- the client's calls ---------------------------------------------------------------
@@ -279,9 +277,7 @@ class SchedulerCore(object):
         import ray
         nodes = {}
         for node in ray.nodes():
-            if not node.get("Alive"):
-                continue
-            slots = int(node.get("Resources", {}).get("CPU", 0) // self.cpus_per_slot)
+            slots = node_slots(node, self.cpus_per_slot)
             if slots > 0:
                 nodes[node["NodeID"]] = slots
         # A node where one of our workers died is out until its cooldown passes (Ray's health
@@ -352,10 +348,9 @@ class SchedulerCore(object):
         now = time.time()
         infos = {}
         for j in active:
-            top = min(j.max_np or total, max(total, 1))
-            cap = max(j.min_np, replica_cap(j.hints, top))
+            cap = max(j.min_np, replica_cap(j.hints, min(j.max_np or total, max(total, 1))))
             infos[j.id] = JobInfo(HintedSpeedup(j.hints, fair_hosts, fair_replicas),
-                                  min_replicas=j.min_np, max_replicas=max(cap, j.min_np),
+                                  min_replicas=j.min_np, max_replicas=cap,
                                   submitted=j.submitted, attained_service=j.attained,
                                   restarts=j.restarts, age=now - j.submitted,
                                   preemptible=j.state != RUNNING)
@@ -455,7 +450,8 @@ class SchedulerCore(object):
                 counts[node] = counts.get(node, 0) + 1
             if counts:
                 live[job.id] = counts
-        self.trace.append((now, live))
+        if not self.trace or self.trace[-1][1] != live:  # (changes only: the actor lives long)
+            self.trace.append((now, live))
 
 
 def _has_model(hints):

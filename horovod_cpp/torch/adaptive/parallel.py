@@ -312,18 +312,24 @@ class AdaptiveDataParallel(torch.nn.Module):
         model = GoodputModel(self._perf, self.noise.grad_params(loader.batch_size),
                              loader.batch_size)
         current = None if force else (self.atomic_bsz, self.accumulation_steps)
-        lo, hi = loader.local_bsz_bounds or (None, None)
-        if hi is None and self.memory is not None:
-            hi = self.memory.limit()
-            if hi is not None and lo is not None:
-                hi = max(hi, lo)  # the user's lower bound is a promise the model cannot break
         best = model.optimize(self._hosts, size(), loader.max_batch_size,
-                              (lo, hi), loader.gradient_accumulation, current=current)
+                              self._bounds(loader), loader.gradient_accumulation,
+                              current=current)
         if best is not None:
             self.atomic_bsz, self.accumulation_steps = best.atomic_bsz, best.accumulation_steps
             self.predicted_goodput = best.goodput
         self._since_decision = 0
         self._start_fit()
+
+    def _bounds(self, loader):
+        """(min, max) micro-batch: the loader's bounds, the upper one from the memory model
+        where none is given."""
+        lo, hi = loader.local_bsz_bounds or (None, None)
+        if hi is None and self.memory is not None:
+            hi = self.memory.limit()
+            if hi is not None and lo is not None:
+                hi = max(hi, lo)  # the user's lower bound is a promise the model cannot break
+        return lo, hi
 
     def _publish_hints(self, loader, interval=1.0):
         """Sends the job's goodput model to the scheduler (horovod_cpp.adaptive.hints), at
@@ -332,11 +338,6 @@ class AdaptiveDataParallel(torch.nn.Module):
         if self._hints_sent is not None and now - self._hints_sent < interval:
             return
         self._hints_sent = now
-        lo, hi = loader.local_bsz_bounds or (None, None)
-        if hi is None and self.memory is not None:
-            hi = self.memory.limit()
-            if hi is not None and lo is not None:
-                hi = max(hi, lo)
         b0 = loader.batch_size
         pauses = [r["first_step"] - r["last_step"] for r in self.resizes[-8:]
                   if r.get("first_step") and r.get("last_step")]
@@ -345,7 +346,7 @@ class AdaptiveDataParallel(torch.nn.Module):
             "perf_params": list(self._perf) if self._perf is not None else None,
             "grad_params": list(self.noise.grad_params(b0)) if ready else None,
             "init_batch_size": b0, "max_batch_size": loader.max_batch_size,
-            "local_bsz_bounds": [lo, hi], "gradient_accumulation":
+            "local_bsz_bounds": list(self._bounds(loader)), "gradient_accumulation":
                 bool(loader.gradient_accumulation) and loader.max_batch_size is not None,
             "max_profiled_replicas": max((o[1] for o in self.profile.observations()),
                                          default=size()),
