@@ -4,7 +4,7 @@ a Poisson process; under the scheduler each may use 1..--max-np ranks and is gro
 process; under the baseline (the scheduler's ``fcfs`` policy) each runs at its requested size
 (--max-np ranks, its batch fixed at B0) from start to end, in arrival order. Prints each job's
 completion time (JCT: end - arrival) under both, the average JCT ratio, whether any node ever
-had more live workers than slots, and failures; --kill-host CMD runs CMD (e.g. ``testbed.sh kill
+had more workers up (their processes running) than slots, and failures; --kill-host CMD runs CMD (e.g. ``testbed.sh kill
 hvd-h3``) --kill-at seconds into each run and --restore-host CMD after the run (the baseline
 then runs on the whole cluster again). --plot draws the slots each job held over time under
 both (AdaptDL's cluster-trace figure). Run on the test bed by bench.sh (FIGURE SCHED1) and, with

@@ -11,7 +11,8 @@ baseline's jobs). ``sample_delay``: seconds of emulated compute per sample in ea
 (a sleep before the optimizer step): the test bed has more slots than this machine has cores,
 and this makes each slot compute like a processor of its own, so that a job's speed depends on
 its share of slots as on a real cluster (the gradients, reductions, noise scale and resizes stay
-real)."""
+real). ``stop_file``: the job also ends once that file exists."""
+import os
 import time
 
 
@@ -29,7 +30,7 @@ def make_data(seed, n=8192, dim=64, classes=8):
 
 
 def train_job(target, seed=0, batch_size=32, max_batch_size=512, lr=0.05, commit_every=5,
-              fixed=False, sample_delay=0.0, width=256):
+              fixed=False, sample_delay=0.0, width=256, stop_file=None):
     import torch
 
     import horovod_cpp.torch as hvd
@@ -58,10 +59,21 @@ def train_job(target, seed=0, batch_size=32, max_batch_size=512, lr=0.05, commit
         seen["steps"] = model.steps
     state.register_reset_callbacks([on_reset])
     started = time.time()
+    stopped = [False]
+
+    def done():
+        """The target reached, or (checked every commit_every steps, the same on every rank)
+        ``stop_file`` made by someone (the tests end a job this way, whatever the load)."""
+        if model.scale_progress >= target:
+            return True
+        if stop_file is not None and model.steps % commit_every == 0:
+            flag = torch.tensor([1.0 if os.path.exists(stop_file) else 0.0])
+            stopped[0] = hvd.allreduce(flag, op=hvd.Max, name="job.stop").item() > 0
+        return stopped[0]
 
     @hvd.elastic.run
     def train(state):
-        while model.scale_progress < target:
+        while not done():
             for xb, yb in loader:
                 optimizer.zero_grad()
                 loss = torch.nn.functional.cross_entropy(model(xb), yb)
@@ -78,7 +90,7 @@ def train_job(target, seed=0, batch_size=32, max_batch_size=512, lr=0.05, commit
                 if not state.batches or state.batches[-1] != stats["batch_size"]:
                     state.batches = state.batches + [stats["batch_size"]]
                 state.last_loss = loss.item()
-                if model.scale_progress >= target:
+                if done():
                     break
                 if model.steps % commit_every == 0:
                     state.commit()

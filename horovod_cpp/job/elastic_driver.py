@@ -208,6 +208,10 @@ class ElasticDriver(object):
     def live_workers(self):
         return [w for w in self.workers if w.live()]
 
+    def up(self, w):
+        """Whether worker ``w``'s process is up (it has reached the rendezvous once)."""
+        return self.server.get("elastic/arrived/%s" % w.id) == str(w.start).encode()
+
     def grow(self, hosts, now):
         """Starts workers on the free slots of usable hosts, up to --max-np (at start: -np)."""
         limit = self.np if self.round < 0 else self.max_np
@@ -276,8 +280,7 @@ class ElasticDriver(object):
 
     def arrived(self, now):
         """Whether the workers started for added hosts are up (or ARRIVAL_LIMIT passed)."""
-        waiting = [w for w, _ in self.arriving if w.live() and
-                   self.server.get("elastic/arrived/%s" % w.id) != str(w.start).encode()]
+        waiting = [w for w, _ in self.arriving if w.live() and not self.up(w)]
         if not waiting:
             return True
         first = min(t for _, t in self.arriving)

@@ -157,7 +157,7 @@ class SchedulerCore(object):
         self.wake = threading.Event()
         self.stopping = False
         self.plans = []  # (time, {job id: {node: slots}}, seconds the policy took)
-        self.trace = []  # (time, {job id: {node: live workers}}) on each change (sampled 1/s)
+        self.trace = []  # (time, {job id: {node: workers up}}) on each change (sampled 1/s)
         self.thread = None
 
     # ---- the client's calls ---------------------------------------------------------------
@@ -445,7 +445,11 @@ class SchedulerCore(object):
             if driver is None or job.state != RUNNING:
                 continue
             counts = {}
+            # (workers whose process is up: one just spawned may wait in Ray's queue for the
+            # slot that a drained worker still holds, and holds nothing yet)
             for w in driver.live_workers():
+                if not driver.up(w):
+                    continue
                 node = job.executor.node_of_host(w.host)
                 counts[node] = counts.get(node, 0) + 1
             if counts:

@@ -60,22 +60,26 @@ def wait_for(predicate, timeout, what):
     raise AssertionError("not within %g s: %s" % (timeout, what))
 
 
-def test_a_job_grows_alone_and_shrinks_for_a_newcomer_without_losing_a_step(sched):
+@pytest.mark.deadline(900)  # (under load, 4 ranks on this machine's 2 cores start slowly)
+def test_a_job_grows_alone_and_shrinks_for_a_newcomer_without_losing_a_step(sched, tmp_path):
     s = sched(interval=3, drain_seconds=60, timeout_s=30)
-    a = s.submit(jobs.train_job, kwargs=dict(target=6000, seed=1, sample_delay=5e-4),
-                 min_np=1, max_np=4, name="a")
+    stop = str(tmp_path / "stop-a")  # (job a runs until b is done: its length is not a guess)
+    a = s.submit(jobs.train_job, kwargs=dict(target=10 ** 9, seed=1, sample_delay=5e-4,
+                                             stop_file=stop), min_np=1, max_np=4, name="a")
     # Alone, it starts at 1 slot (no model yet), and grows (to at most twice what it has
     # measured) as its hints arrive.
-    wait_for(lambda: s.status(a)["ranks"] == 4, 120, "job a grows to the 4 slots")
+    wait_for(lambda: s.status(a)["ranks"] == 4, 400, "job a grows to the 4 slots")
     b = s.submit(jobs.train_job, kwargs=dict(target=500, seed=2, sample_delay=5e-4),
                  min_np=1, max_np=4, name="b")
-    ra, rb = s.wait(a, timeout=240), s.wait(b, timeout=240)
+    rb = s.wait(b, timeout=400)
+    open(stop, "w").close()
+    ra = s.wait(a, timeout=300)
     for result in (ra, rb):
         assert len({(r["steps"], r["progress"]) for r in result}) == 1, result
     a_sizes = ra[0]["sizes"]
     assert 4 in a_sizes and a_sizes.index(4) < len(a_sizes) - 1, a_sizes  # grew, then shrank
     assert ra[0]["lost_steps"] == 0 and rb[0]["lost_steps"] == 0, (ra[0], rb[0])
-    assert ra[0]["progress"] >= 6000 and rb[0]["progress"] >= 500
+    assert rb[0]["progress"] >= 500 and ra[0]["progress"] > 0
     status = {j["name"]: j for j in s.status()}
     assert status["a"]["restarts"] >= 2 and status["b"]["state"] == "SUCCEEDED"
     info = s.cluster()
@@ -96,21 +100,22 @@ def boom():
     raise ValueError("bad batch on rank %d" % hvd.rank())
 
 
+@pytest.mark.deadline(600)  # (under load a worker's process takes long to start)
 def test_queue_cancel_failure_and_bad_submissions(sched):
-    s = sched(interval=60, drain_seconds=10, timeout_s=20, elastic_timeout=20)
+    s = sched(interval=60, drain_seconds=10, timeout_s=30, elastic_timeout=120)
     long_job = dict(target=10 ** 6, seed=3, sample_delay=1e-3)
     x = s.submit(jobs.train_job, kwargs=long_job, min_np=3, max_np=3, name="x")
-    wait_for(lambda: s.status(x)["state"] == RUNNING, 60, "x runs")
+    wait_for(lambda: s.status(x)["state"] == RUNNING, 120, "x runs")
     y = s.submit(jobs.train_job, kwargs=long_job, min_np=3, max_np=3, name="y")
     time.sleep(3)
     assert s.status(y)["state"] == QUEUED and s.status(y)["np"] == 0  # 3 + 3 > 4 slots
     assert s.cancel(y) == CANCELLED and s.status(y)["state"] == CANCELLED
     assert s.cancel(x) == CANCELLED
     with pytest.raises(SchedulerError, match="cancelled"):
-        s.wait(x, timeout=60)
+        s.wait(x, timeout=120)
     f = s.submit(boom, min_np=1, max_np=2, name="f")
     with pytest.raises(SchedulerError, match="bad batch on rank"):
-        s.wait(f, timeout=90)
+        s.wait(f, timeout=240)
     assert s.status(f)["state"] == FAILED
     with pytest.raises(ValueError, match="min_np"):
         s.submit(boom, min_np=0)
@@ -118,7 +123,7 @@ def test_queue_cancel_failure_and_bad_submissions(sched):
         s.submit(boom, min_np=3, max_np=2)
     with pytest.raises(KeyError, match="no job"):
         s.status("nosuchjob")
-    wait_for(lambda: not any(j["np"] for j in s.status()), 60, "every slot is released")
+    wait_for(lambda: not any(j["np"] for j in s.status()), 120, "every slot is released")
 
 
 SCRIPT = """
@@ -129,6 +134,7 @@ result = jobs.train_job(float(sys.argv[1]), seed=4)
 """
 
 
+@pytest.mark.deadline(600)
 def test_the_cli_submits_waits_and_reports_status(sched, cluster, tmp_path):
     sched(name="horovod_cpp_scheduler", interval=60)  # (the CLI's default name)
     script = tmp_path / "job.py"
@@ -138,8 +144,8 @@ def test_the_cli_submits_waits_and_reports_status(sched, cluster, tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     job = out.stdout.strip().splitlines()[-1]
-    out = subprocess.run(cli + ["wait", job, "--timeout", "120"], capture_output=True, text=True,
-                         timeout=180)
+    out = subprocess.run(cli + ["wait", job, "--timeout", "300"], capture_output=True, text=True,
+                         timeout=360)
     assert out.returncode == 0 and "SUCCEEDED" in out.stdout, out.stdout + out.stderr
     out = subprocess.run(cli + ["status", job], capture_output=True, text=True, timeout=120)
     status = json.loads(out.stdout[out.stdout.index("{"):])
