@@ -18,6 +18,10 @@ from horovod_cpp.job.proc import descendants  # noqa: F401  (tests/launch/confte
 
 TEST_TIMEOUT = float(os.environ.get("HVD_TEST_TIMEOUT", "90"))
 
+# What a test wants printed if it expires (e.g. the output of the job it is reading from):
+# callables returning text, cleared before each test.
+ON_EXPIRE = []
+
 
 @pytest.fixture(autouse=True)
 def deadline(request):
@@ -34,6 +38,11 @@ def deadline(request):
                          % (os.environ.get("OMPI_COMM_WORLD_RANK", "-"), request.node.nodeid,
                             limit))
         faulthandler.dump_traceback(all_threads=True)
+        for hook in list(ON_EXPIRE):
+            try:
+                sys.stderr.write("\n%s\n" % hook())
+            except Exception as e:  # (a report, never a second failure)
+                sys.stderr.write("\n(an expiry report failed: %r)\n" % e)
         sys.stderr.flush()
         for pid in descendants(os.getpid()):
             try:
@@ -42,6 +51,7 @@ def deadline(request):
                 pass
         os._exit(3)
 
+    del ON_EXPIRE[:]
     timer = threading.Timer(limit, expire)
     timer.daemon = True
     timer.start()

@@ -14,6 +14,7 @@ import pytest
 
 from horovod_cpp import _core
 from horovod_cpp.job.elastic_driver import ElasticDriver, ElasticError
+from pytest_deadline import ON_EXPIRE
 
 pytestmark = pytest.mark.skipif(not _core.gloo_built(), reason="built without Gloo")
 
@@ -175,6 +176,7 @@ def test_training_survives_a_killed_rank_and_resumes_from_the_last_commit(tmp_pa
                         ["--epochs", "6", "--step-delay", "0.01", "--sharded", str(sharded)]
                         + (["--powersgd", "2"] if powersgd else []))
     out = []
+    ON_EXPIRE.append(lambda: "the job's output so far:\n" + "\n".join(out))
     killed_at = None
     deadline = time.monotonic() + 200
     for line in job.stdout:

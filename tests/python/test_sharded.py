@@ -508,6 +508,60 @@ def test_a_lost_rank_loses_nothing_committed(stage, lost):
         hvd.remove_process_set(survivors)
 
 
+@pytest.mark.parametrize("confirmed", [False, True], ids=["nowhere", "by_rank_0"])
+def test_a_commit_interrupted_by_a_lost_rank(monkeypatch, confirmed):
+    """A rank is lost in the middle of a commit, after the replicas travelled to some ranks.
+    Confirmed nowhere (the CI case: rank 0's replica exchange failed, so it never held the new
+    commit, and rank 1, its replica's holder, is the rank lost): the job agrees on the commit
+    before, which every survivor holds, and goes on from it exactly. Confirmed by rank 0
+    (every rank had the replicas): the job agrees on the new commit."""
+    import horovod_cpp.torch.sharding.elastic as sharding_elastic
+    n = hvd.size()
+    if n < 3:
+        pytest.skip("needs 3 ranks: one lost, two left")
+    model = make_model()
+    opt = hvd.ShardedOptimizer(model.named_parameters(), torch.optim.Adam, stage=2, lr=0.01,
+                               bucket_cap_mb=SMALL_BUCKETS_MB)
+    state = hvd.elastic.TorchState(model, opt)
+    state.sync()
+    first = batches(steps=3, micro=1)
+    train_sharded("adam", 2, first, model=model, opt=opt)
+    state.commit()
+    committed = full_state(opt)
+    committed_params = [p.detach().clone() for p in model.parameters()]
+    train_sharded("adam", 2, batches(steps=2, micro=1, seed=3), model=model, opt=opt)
+    newer = full_state(opt)
+    real = sharding_elastic.allreduce
+
+    def lost_before_confirming(tensor, name=None, **kw):
+        if name == "sharded.commit":
+            raise hvd.HorovodInternalError("a rank was lost (simulated)")
+        return real(tensor, name=name, **kw)
+    monkeypatch.setattr(sharding_elastic, "allreduce", lost_before_confirming)
+    with pytest.raises(hvd.HorovodInternalError):
+        opt._elastic_save(replicate=True)  # pending on every rank
+    monkeypatch.setattr(sharding_elastic, "allreduce", real)
+    if hvd.rank() == 0:
+        if confirmed:  # its confirmation came through before the loss
+            opt._committed, opt._pending = opt._pending, None
+            opt._commit_id = opt._committed["id"]
+        else:  # its replica exchange failed: it holds nothing of the new commit
+            opt._pending = None
+    survivors = hvd.add_process_set([r for r in range(n) if r != 1])
+    try:
+        if survivors.included():
+            if not confirmed:
+                state.restore()
+            opt._elastic_reshard(process_set=survivors)
+            assert_state_identical(full_state(opt), newer if confirmed else committed)
+            if not confirmed:
+                assert all(torch.equal(p, q)
+                           for p, q in zip(model.parameters(), committed_params))
+                continue_and_check(model, opt, survivors, committed_params, first, "adam")
+    finally:
+        hvd.remove_process_set(survivors)
+
+
 @pytest.mark.parametrize("stage", [1, 2])
 def test_a_rank_added_gets_its_slice(stage):
     """Train and commit on the first size-1 ranks; then every rank (the last one new, with a

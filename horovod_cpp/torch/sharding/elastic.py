@@ -137,11 +137,15 @@ class ElasticShards(object):
         started = time.perf_counter()
         if process_set is not None:
             self.process_set = process_set
-        records = [r for r in (self._committed, getattr(self, "_pending", None)) if r]
-        metas = allgather_object([(r["id"], r["size"], sorted(r["slices"]), r["hypers"])
-                                  for r in records], name="sharded.reshard.meta",
-                                 process_set=self.process_set)
-        best = max([m[0] for held in metas for m in held] or [-1])
+        pending = getattr(self, "_pending", None)
+        records = [r for r in (self._committed, pending) if r]
+        metas = allgather_object([(r["id"], r["size"], sorted(r["slices"]), r["hypers"],
+                                   r is not pending) for r in records],
+                                 name="sharded.reshard.meta", process_set=self.process_set)
+        # The newest commit that some rank confirmed: every rank had it then (confirmed or
+        # pending). A commit pending everywhere was never confirmed: a rank may have failed in
+        # its replica exchange before holding it, and it may be incomplete.
+        best = max([m[0] for held in metas for m in held if m[4]] or [-1])
         mine = ([r for r in records if r["id"] == best] or [None])[0]
         if mine is not None:  # (a pending commit that another rank confirmed: it is the one)
             self._committed, self._commit_id = mine, best
