@@ -39,7 +39,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "bench.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
-scripts/install_deps.sh
+scripts/install_deps.sh --plots  # (the scheduler's --plot, from the Debian venv)
 source scripts/mpi_env.sh
 scripts/setup_venv.sh
 scripts/setup_venv.sh --pypi   # PyPI's newest torch: the lane whose figures count (see below)

@@ -4,6 +4,8 @@
 #   install_deps.sh            build, run and test the core, the C++ and the PyTorch APIs
 #   install_deps.sh --spark    also a Java runtime for pyspark (HorovodRunner), if none is there
 #   install_deps.sh --fuzz     also clang and its runtimes (libFuzzer, sanitizers) for fuzz/
+#   install_deps.sh --plots    also matplotlib for the Debian venv (bench.sh's figures, e.g.
+#                              the scheduler's cluster trace; PyPI's would need another numpy)
 set -euo pipefail
 
 PACKAGES=(
@@ -21,6 +23,7 @@ for arg in "$@"; do
   case "$arg" in
     --spark) command -v java >/dev/null || PACKAGES+=(openjdk-17-jre-headless) ;;  # Java 17+
     --fuzz) PACKAGES+=(clang libclang-rt-14-dev) ;;     # libFuzzer, ASan, UBSan runtimes
+    --plots) PACKAGES+=(python3-matplotlib) ;;
     *) echo "install_deps: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
