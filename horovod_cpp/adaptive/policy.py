@@ -410,6 +410,8 @@ class Policy(object):
                 for b in keys:
                     if b == a:
                         continue
+                    if time.perf_counter() - self._start > self.time_limit:
+                        break  # (one job's pairs can take long with many jobs: the limit holds)
                     old_a, old_b = allocation.get(a, []), allocation.get(b, [])
                     before = terms[a] + terms[b]
                     release(a)
