@@ -47,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--only", choices=["goodput", "fcfs"], help="run one policy only")
     p.add_argument("--plot")
     p.add_argument("--json")
+    p.add_argument("--verbose", type=int, default=0,
+                   help="the scheduler's and its jobs' logs (in the Ray session's worker logs)")
     return p.parse_args(argv)
 
 
@@ -65,7 +67,7 @@ def run_policy(args, policy, plan):
     from horovod_cpp.ray.scheduler import Scheduler, SchedulerError
     sched = Scheduler(args.address, name="demo-%s" % policy, policy=policy,
                       interval=args.interval, drain_seconds=60, timeout_s=30,
-                      elastic_timeout=300, verbose=0)
+                      elastic_timeout=300, verbose=args.verbose)
     t0 = time.time()
     ids = {}
     killer = None

@@ -20,7 +20,7 @@ others through the rendezvous store in this process. So
   died gets no new worker for ``NODE_COOLDOWN`` seconds (its death may not have reached Ray's
   control store yet; its other workers go on); a node that joins, a restarted one included (a
   new node id), gets workers, and the job grows at the next ``state.commit()``, up to
-  ``max_np``;
+  ``max_np`` (without one: every slot there is);
 * a worker whose function raises is dropped and its node blacklisted (for good, or for a time
   drawn from ``cooldown_range``), as in Horovod.
 
@@ -29,6 +29,7 @@ first rank's exception (``RankError``, with its traceback) or a ``HorovodRunnerE
 why (too few workers left past ``elastic_timeout``, ``reset_limit`` reached).
 """
 import os
+import sys
 from dataclasses import dataclass
 
 from horovod_cpp.job.service import HorovodRunnerError, RankError, check_positive_ints
@@ -246,7 +247,9 @@ class ElasticRayExecutor(object):
                 "fewer than min_np %d" % (slots, self.cpus_per_slot, " and %g GPUs"
                                           % self.gpus_per_slot if self.gpus_per_slot else "",
                                           s.min_np))
-        max_np = s.max_np or slots
+        # No max_np: no bound but the slots there are (the nodes that join later, the
+        # scheduler's allotment as it grows), as in Horovod, not the slots found at the start.
+        max_np = s.max_np or sys.maxsize
         driver = ElasticDriver(
             ["ray"], min(slots, max_np), s.min_np, max_np, elastic_timeout=s.elastic_timeout,
             reset_limit=s.reset_limit, cooldown_range=s.cooldown_range, log=self._log,

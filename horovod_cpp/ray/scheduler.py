@@ -377,31 +377,46 @@ class SchedulerCore(object):
     def _plan_fcfs(self, active):
         """The static baseline: a job runs at its requested size (``max_np``, else
         ``min_np``) from start to end, started in submission order when that many slots are
-        free (a job that does not fit holds back the ones behind it), on the fewest nodes."""
+        free (a job that does not fit holds back the ones behind it), on the fewest nodes. A
+        running job that lost slots with a node takes the next free ones first (it is ahead
+        of every queued job)."""
         began = time.perf_counter()
         free = dict(self.nodes)
         for j in active:
             if j.state == RUNNING:
+                j.allocation = [n for n in j.allocation if n in free]  # (live nodes only)
                 for n in j.allocation:
-                    if n in free:
-                        free[n] -= 1
+                    free[n] -= 1
         for j in active:
+            need = j.max_np or j.min_np
+            if j.state == RUNNING:
+                short = need - len(j.allocation)
+                if short <= 0:
+                    continue
+                if sum(max(v, 0) for v in free.values()) < short:
+                    break
+                j.allocation = sorted(j.allocation + self._take_fewest(free, short))
+                continue
             if j.state != QUEUED:
                 continue
-            need = j.max_np or j.min_np
             if sum(max(v, 0) for v in free.values()) < need:
                 break
-            alloc = []
-            for n in sorted(free, key=lambda n: -free[n]):
-                take = min(free[n], need - len(alloc))
-                alloc += [n] * max(take, 0)
-                free[n] -= max(take, 0)
-                if len(alloc) == need:
-                    break
-            j.allocation = sorted(alloc)
+            j.allocation = sorted(self._take_fewest(free, need))
             j.sizes.append((time.time(), need))
         self.plans.append((time.time(), {j.id: _count(j.allocation) for j in active},
                            time.perf_counter() - began))
+
+    @staticmethod
+    def _take_fewest(free, need):
+        """``need`` slots from ``free`` ({node: free slots}, taken from), on the fewest nodes."""
+        alloc = []
+        for n in sorted(free, key=lambda n: -free[n]):
+            take = max(min(free[n], need - len(alloc)), 0)
+            alloc += [n] * take
+            free[n] -= take
+            if len(alloc) == need:
+                break
+        return alloc
 
     def _start_queued(self):
         for job in self.jobs.values():

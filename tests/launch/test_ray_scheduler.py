@@ -14,7 +14,7 @@ import pytest
 import ray
 
 from horovod_cpp import _import_core
-from horovod_cpp.ray.scheduler import CANCELLED, FAILED, QUEUED, RUNNING, Scheduler, \
+from horovod_cpp.ray.scheduler import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Scheduler, \
     SchedulerError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -65,9 +65,10 @@ def test_a_job_grows_alone_and_shrinks_for_a_newcomer_without_losing_a_step(sche
     s = sched(interval=3, drain_seconds=60, timeout_s=30)
     stop = str(tmp_path / "stop-a")  # (job a runs until b is done: its length is not a guess)
     a = s.submit(jobs.train_job, kwargs=dict(target=10 ** 9, seed=1, sample_delay=5e-4,
-                                             stop_file=stop), min_np=1, max_np=4, name="a")
+                                             stop_file=stop), min_np=1, name="a")
     # Alone, it starts at 1 slot (no model yet), and grows (to at most twice what it has
-    # measured) as its hints arrive.
+    # measured) as its hints arrive. (No max_np: the slots there are bound it, not the one it
+    # started on.)
     wait_for(lambda: s.status(a)["ranks"] == 4, 400, "job a grows to the 4 slots")
     b = s.submit(jobs.train_job, kwargs=dict(target=500, seed=2, sample_delay=5e-4),
                  min_np=1, max_np=4, name="b")
@@ -153,3 +154,33 @@ def test_the_cli_submits_waits_and_reports_status(sched, cluster, tmp_path):
     out = subprocess.run(cli + ["cancel", "nosuchjob"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 1 and "no job" in out.stderr
+
+
+def test_fcfs_gives_a_running_job_that_lost_a_node_the_next_free_slot_first():
+    """The baseline's plan (no Ray needed): a running job whose node died keeps its live
+    slots and takes the next free one before any queued job (it is ahead of them), and a
+    queued job that does not fit holds back the ones behind it."""
+    from horovod_cpp.ray.scheduler import SchedulerCore, _Job
+    core = SchedulerCore(policy="fcfs", verbose=0)
+    core.nodes = {"a": 2, "b": 2, "c": 2}
+
+    def job(name, np, state, allocation):
+        j = _Job(name, name, None, (), {}, np, np, {})
+        j.state, j.allocation = state, list(allocation)
+        core.jobs[name] = j
+        return j
+    j1 = job("j1", 2, RUNNING, ["a", "c"])
+    j2 = job("j2", 2, RUNNING, ["b", "b"])
+    j3 = job("j3", 1, QUEUED, [])
+    j4 = job("j4", 2, QUEUED, [])
+    del core.nodes["c"]  # c died: j1 has 1 of its 2, and a has 1 free slot
+    core._plan()
+    assert j1.allocation == ["a", "a"] and j2.allocation == ["b", "b"]
+    assert j3.allocation == [] and j4.allocation == []
+    core.nodes["c"] = 2  # c back: j3 (1 slot) starts; j4 (2) does not fit in what is left
+    core._plan()
+    assert j3.allocation == ["c"] and j4.allocation == []
+    j3.state = RUNNING  # (what _start_queued does after a plan)
+    j2.state, j2.allocation = SUCCEEDED, []  # b free: j4 starts there
+    core._plan()
+    assert j4.allocation == ["b", "b"] and j1.allocation == ["a", "a"]
