@@ -110,7 +110,7 @@ def run_policy(args, policy, plan):
             "results": results, "sizes": {n: status[n]["sizes"] for n in status},
             "restarts": {n: status[n]["restarts"] for n in status},
             "plan_seconds": [p[2] for p in cluster["plans"]],
-            "restart_cost": cluster["restart_cost"]}
+            "restart_cost": cluster["restart_cost"], "settle_seconds": cluster["settle_seconds"]}
 
 
 def plot(runs, path):

@@ -29,7 +29,10 @@ The jobs' adaptive training (``horovod_cpp.torch.adaptive``) sends its goodput h
 0, through Ray, to the actor's ``report`` (``horovod_cpp.adaptive.hints``); the policy's speedup
 function of a job is made from them (``HintedSpeedup``). A job that has not reported yet gets
 its minimum; a job is never given more than twice the ranks it has measured. The restart cost
-is the median of the resize pauses the jobs report (``restart_cost`` fixes it instead).
+is the median time the last changes of a running job's slots took to come into effect (from
+the plan to the round at the new size: the new workers' start, or the drain at a commit),
+during which a change brings the job nothing; before any, the median resize pause the jobs
+report (``restart_cost`` fixes it instead).
 
 A running job is never preempted to zero (it has no checkpoint to resume from): when the
 cluster shrinks below the running jobs' minimums, the policy keeps the running ones first and
@@ -54,6 +57,7 @@ NAME = "horovod_cpp_scheduler"
 NAMESPACE = "horovod_cpp"
 NODE_POLL = 1.0
 DEFAULT_RESTART_COST = 2.0  # seconds, until a job has measured one
+SETTLE_WINDOW = 20  # the restart cost: the median of the last this many changes' times
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
     "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
@@ -110,6 +114,7 @@ class _Job(object):
         self.executor = None
         self.thread = None
         self.sizes = []  # (time, np) whenever the plan changed the job's size
+        self.settling = None  # (since when, np, round then): a change not in effect yet
 
     def status(self):
         hints = self.hints or {}
@@ -158,6 +163,7 @@ class SchedulerCore(object):
         self.stopping = False
         self.plans = []  # (time, {job id: {node: slots}}, seconds the policy took)
         self.trace = []  # (time, {job id: {node: workers up}}) on each change (sampled 1/s)
+        self.settle_seconds = []  # how long the last changes took to come into effect
         self.thread = None
 
     # ---- the client's calls ---------------------------------------------------------------
@@ -222,7 +228,8 @@ class SchedulerCore(object):
     def cluster(self):
         with self.lock:
             return {"nodes": dict(self.nodes), "plans": list(self.plans),
-                    "trace": list(self.trace), "restart_cost": self.restart_cost()}
+                    "trace": list(self.trace), "restart_cost": self.restart_cost(),
+                    "settle_seconds": list(self.settle_seconds)}
 
     def _job(self, job_id):
         if job_id not in self.jobs:
@@ -331,6 +338,8 @@ class SchedulerCore(object):
     def restart_cost(self):
         if self.fixed_restart_cost is not None:
             return float(self.fixed_restart_cost)
+        if self.settle_seconds:
+            return statistics.median(self.settle_seconds[-SETTLE_WINDOW:])
         pauses = [p for j in self.jobs.values() for p in (j.hints or {}).get("resize_pauses", ())
                   if p is not None and p >= 0]
         return statistics.median(pauses) if pauses else DEFAULT_RESTART_COST
@@ -368,6 +377,11 @@ class SchedulerCore(object):
             if new != sorted(j.allocation):
                 if j.state == RUNNING:
                     j.restarts += 1
+                    # (a change on top of one not in effect yet counts from the first)
+                    driver = j.executor.driver if j.executor is not None else None
+                    j.settling = (j.settling[0] if j.settling else time.monotonic(), len(new),
+                                  j.settling[2] if j.settling else
+                                  (driver.round if driver is not None else -1))
                 j.sizes.append((now, len(new)))
                 self._log("job %s (%s): %d -> %d slots" % (j.id, j.name, len(j.allocation),
                                                            len(new)))
@@ -459,6 +473,10 @@ class SchedulerCore(object):
             driver = job.executor.driver if job.executor is not None else None
             if driver is None or job.state != RUNNING:
                 continue
+            if job.settling is not None and driver.forming is None and \
+                    driver.round > job.settling[2] and len(driver.members) == job.settling[1]:
+                self.settle_seconds.append(time.monotonic() - job.settling[0])
+                job.settling = None
             counts = {}
             # (workers whose process is up: one just spawned may wait in Ray's queue for the
             # slot that a drained worker still holds, and holds nothing yet)

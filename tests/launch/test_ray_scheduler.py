@@ -5,6 +5,7 @@ submissions; the CLI (submit, status, wait, cancel) against the same scheduler a
 the test bed's hosts (Poisson arrivals, a host killed): tests/multihost/ray."""
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -92,7 +93,11 @@ def test_a_job_grows_alone_and_shrinks_for_a_newcomer_without_losing_a_step(sche
         for node in slots:
             assert sum(c.get(node, 0) for c in plan.values()) <= slots[node], plan
         assert took < 1.0
-    assert 0 < info["restart_cost"] < 10  # measured by the jobs (their resize pauses)
+    # The restart cost: how long the changes took to come into effect, measured (job a's
+    # growth and shrink at least: plan to round, > 0).
+    settled = info["settle_seconds"]
+    assert len(settled) >= 2 and all(t > 0 for t in settled), settled
+    assert info["restart_cost"] == statistics.median(settled[-20:])
 
 
 def boom():
