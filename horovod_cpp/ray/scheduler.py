@@ -379,9 +379,9 @@ class SchedulerCore(object):
                     j.restarts += 1
                     # (a change on top of one not in effect yet counts from the first)
                     driver = j.executor.driver if j.executor is not None else None
-                    j.settling = (j.settling[0] if j.settling else time.monotonic(), len(new),
-                                  j.settling[2] if j.settling else
-                                  (driver.round if driver is not None else -1))
+                    since, _, before = j.settling or (
+                        time.monotonic(), None, driver.round if driver is not None else -1)
+                    j.settling = (since, len(new), before)
                 j.sizes.append((now, len(new)))
                 self._log("job %s (%s): %d -> %d slots" % (j.id, j.name, len(j.allocation),
                                                            len(new)))
