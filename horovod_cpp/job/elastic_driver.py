@@ -47,6 +47,16 @@ class ElasticError(RuntimeError):
     pass
 
 
+def _error_text(worker_proc):
+    """': Type: message' of what a worker's function raised, where its process knows (a Ray
+    worker's does: ``error`` = (type, message, traceback, exception)); '' otherwise."""
+    error = getattr(worker_proc, "error", None)
+    if not error:
+        return ""
+    message = (str(error[1]).strip().splitlines() or [""])[0]
+    return ": %s: %s" % (error[0], message[:300])
+
+
 def run_discovery(script, default_slots, timeout=10.0):
     """{host: slots} from the discovery script's output (lines 'host' or 'host:slots')."""
     out = subprocess.run(script, shell=True, capture_output=True, text=True, timeout=timeout)
@@ -120,6 +130,7 @@ class ElasticDriver(object):
         self.server = None
         self.workers = []  # every worker ever started, in start order
         self.blacklist = {}  # host -> monotonic time it may return (inf: never)
+        self.lost = {}  # host -> monotonic time until which it sits out (its worker died)
         self.failures = {}  # host -> failures seen
         self.round = -1
         self.members = []  # of the latest round, in rank order
@@ -335,9 +346,10 @@ class ElasticDriver(object):
                         if not isinstance(rest, bool):
                             self.blacklist[w.host] = max(self.blacklist.get(w.host, 0),
                                                          now + rest)
+                            self.lost[w.host] = self.blacklist[w.host]
                     else:
-                        why = "worker %s ended with %s" % (w.id, proc.describe_exit(
-                            w.ended))
+                        why = "worker %s ended with %s%s" % (
+                            w.id, proc.describe_exit(w.ended), _error_text(w.proc))
                         self.log(why)
                         self.blacklist_host(w.host, why)
                         need = need or why
@@ -409,12 +421,14 @@ class ElasticDriver(object):
                         resets[0].id, why.decode("utf-8", "replace")[:300])
             if need is None:
                 continue
-            if len(self.live_workers()) < self.min_np:
+            # (A worker draining from a removed slot is no member of the next round: counting
+            # it formed rounds of 0 ranks, which no newcomer could join.)
+            joinable = [w for w in self.live_workers() if w.leaving is None]
+            if len(joinable) < self.min_np:
                 if self.short_since is None:
                     self.short_since = now
                     self.log("%d workers left, fewer than --min-np %d: waiting up to %g s for "
-                             "hosts" % (len(self.live_workers()), self.min_np,
-                                        self.elastic_timeout))
+                             "hosts" % (len(joinable), self.min_np, self.elastic_timeout))
                 if now - self.short_since > self.elastic_timeout:
                     raise ElasticError(
                         "only %d ranks remain (%s), fewer than --min-np %d, and no host came "

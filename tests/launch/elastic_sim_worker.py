@@ -5,7 +5,8 @@ Joins rounds until one has TARGET_SIZE ranks, then exits 0. Between rounds it do
 rank's hvd.elastic.run does: a newer round (a peer failed) or a host update makes it ask for a
 reset and join again. FAILING_WORKER_ID exits 3 right after joining the first round.
 HVD_SIM_START_DELAY: seconds the process takes to start before it joins (a real rank's Python
-and torch imports).
+and torch imports). HVD_SIM_FROM_ROUND: rounds before this one do not end it, whatever their
+size.
 """
 import os
 import sys
@@ -25,7 +26,7 @@ while time.monotonic() < deadline:
     if w.id == failing and k == 0:
         time.sleep(0.3)
         sys.exit(3)
-    if size == target:
+    if size == target and k >= int(os.environ.get("HVD_SIM_FROM_ROUND", "0")):
         time.sleep(1.0)  # the other members print too before anyone ends
         sys.exit(0)
     while time.monotonic() < deadline:

@@ -109,6 +109,28 @@ def test_slots_added_one_after_another_while_newcomers_start_join_in_one_reset(t
                        "started %s:1 for added hosts; the round forms once they are up" % B]
 
 
+def test_a_job_drained_of_its_last_slot_waits_and_a_newcomer_forms_the_next_round(tmp_path):
+    # Discovery drops A's only slot: A:0 drains at its next reset, and, being the last member,
+    # leaves no round behind it (a round of 0 ranks would have none to reset it: the newcomer
+    # would wait for a round until its timeout). The job waits for hosts; B comes: B:0 forms
+    # round 1 alone.
+    script, listing = discovery(tmp_path, [A + ":1"])
+    lines = []
+    d = driver(SIM + ["1"], 1, 1, 1, script, lines, elastic_timeout=20, drain_seconds=30,
+               env={"HVD_SIM_FROM_ROUND": "1"})
+
+    def move():
+        listing.write_text("")
+        deadline = time.monotonic() + 20
+        while not any(s == "log" and "waiting up to" in t for _, s, t in lines) and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        listing.write_text(B + ":1\n")
+    run_adding_hosts(d, lines, move)
+    assert [(k, ids) for k, ids, _ in d.history] == [(0, [A + ":0"]), (1, [B + ":0"])], lines
+    assert rounds_of(lines, B + ":0") == ["round 1 rank 0 size 1"]
+
+
 def test_fewer_than_min_np_fails_after_the_elastic_timeout(tmp_path):
     script, _ = discovery(tmp_path, [A + ":1", B + ":1"])
     lines = []
