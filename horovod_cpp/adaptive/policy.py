@@ -62,12 +62,14 @@ class JobInfo(object):
         self.preemptible = bool(preemptible)
 
 
-def restart_factor(job, cost):
+def restart_factor(job, cost, horizon=0.0):
     """Pollux's penalty on a job whose allocation changes: the share of its life not spent
-    restarting, if it restarts once more."""
+    restarting, if it restarts once more. ``horizon``: the life counted is at least that many
+    seconds (Pollux: 0, its age alone)."""
     if cost <= 0:
         return 1.0
-    return max(job.age - job.restarts * cost, 0.0) / (job.age + cost)
+    life = max(job.age, horizon)
+    return max(life - job.restarts * cost, 0.0) / (life + cost)
 
 
 class _Options(dict):
@@ -92,12 +94,16 @@ class Policy(object):
 
     ``jobs``: {key: JobInfo}; ``hosts``: {host: free slots}; ``current``: {key: [host per
     replica]} (jobs not in ``jobs`` and hosts not in ``hosts`` are dropped from it). Returns
-    {key: [host per replica]} for every job (an empty list: queued)."""
+    {key: [host per replica]} for every job (an empty list: queued). ``horizon``: the
+    restart factor counts a job's life as at least this many seconds (the Ray scheduler: its
+    re-plan interval, the least time a change usually stays in effect), so that a job seconds
+    old is not kept from growing by a pause of seconds; 0 is Pollux's rule."""
 
     def __init__(self, p=-1.0, restart_cost=30.0, max_hosts_per_job=16,
-                 avoid_interference=True, time_limit=0.5):
+                 avoid_interference=True, time_limit=0.5, horizon=0.0):
         self.p = float(p)
         self.restart_cost = float(restart_cost)
+        self.horizon = float(horizon)
         self.max_hosts_per_job = int(max_hosts_per_job)
         self.avoid_interference = bool(avoid_interference)
         self.time_limit = float(time_limit)
@@ -129,7 +135,7 @@ class Policy(object):
             counts = _counts(alloc)
             s = job.speedup(len(counts), len(alloc)) * share if alloc else 0.0
             if current.get(key) and counts != _counts(current[key]):
-                s *= restart_factor(job, self.restart_cost)
+                s *= restart_factor(job, self.restart_cost, self.horizon)
             total += self.utility(s)
         return self.power_mean(total, len(jobs))
 
@@ -169,7 +175,7 @@ class Policy(object):
         allowed) and min..max replicas, each on the fewest hosts that hold it. Only a running
         job pays the restart factor for a change (a queued job's start costs its pause
         whenever it starts)."""
-        factor = restart_factor(job, self.restart_cost) if running else 1.0
+        factor = restart_factor(job, self.restart_cost, self.horizon) if running else 1.0
         top = min(job.max_replicas, widest * min(self.max_hosts_per_job, n_hosts))
         base_r = len(base) if base else None
         base_hosts = len(set(base)) if base else None

@@ -30,6 +30,7 @@ why (too few workers left past ``elastic_timeout``, ``reset_limit`` reached).
 """
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 from horovod_cpp.job.service import HorovodRunnerError, RankError, check_positive_ints
@@ -227,7 +228,8 @@ class ElasticRayExecutor(object):
 
     def _log(self, text):
         if self.settings.verbose >= 1:
-            print("horovod_cpp.ray elastic: %s" % text, flush=True)
+            print("horovod_cpp.ray elastic: %s %s" % (time.strftime("%H:%M:%S"), text),
+                  flush=True)
 
     def run(self, worker_fn, callbacks=None, args=None, kwargs=None):
         """Runs ``worker_fn(*args, **kwargs)`` as an elastic job; the values of the last

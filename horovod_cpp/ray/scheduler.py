@@ -38,8 +38,6 @@ A running job is never preempted to zero (it has no checkpoint to resume from): 
 cluster shrinks below the running jobs' minimums, the policy keeps the running ones first and
 a job left short waits up to ``elastic_timeout`` for slots, as any elastic job does.
 """
-import argparse
-import json
 import math
 import os
 import statistics
@@ -223,6 +221,9 @@ class SchedulerCore(object):
                 # became available, or it measured a larger size (its cap doubles).
                 if _has_model(old) != _has_model(hints) or \
                         old.get("max_profiled_replicas") != hints.get("max_profiled_replicas"):
+                    self._log("job %s (%s): model %s, measured up to %s ranks" % (
+                        job.id, job.name, "in" if _has_model(hints) else "not yet in",
+                        hints.get("max_profiled_replicas")))
                     self.wake.set()
 
     def cluster(self):
@@ -257,7 +258,8 @@ class SchedulerCore(object):
 
     def _log(self, text):
         if self.verbose:
-            print("horovod_cpp.ray scheduler: %s" % text, flush=True)
+            print("horovod_cpp.ray scheduler: %s %s" % (time.strftime("%H:%M:%S"), text),
+                  flush=True)
 
     def _loop(self):
         last_plan = -math.inf
@@ -288,13 +290,14 @@ class SchedulerCore(object):
             if slots > 0:
                 nodes[node["NodeID"]] = slots
         # A node where one of our workers died is out until its cooldown passes (Ray's health
-        # checks take a while to declare a killed node dead).
+        # checks take a while to declare a killed node dead). (Not one where a job's function
+        # raised: that job's driver keeps its own blacklist, the other jobs may use the node.)
         for job in self.jobs.values():
             driver = job.executor.driver if job.executor is not None else None
             job_nodes = getattr(job.executor, "node_of_host", None)
             if driver is None or job_nodes is None:
                 continue
-            for host, until in list(driver.blacklist.items()):
+            for host, until in list(driver.lost.items()):
                 node = job_nodes(host)
                 if node is not None and until > now:
                     self.excluded[node] = max(self.excluded.get(node, 0), until)
@@ -364,10 +367,21 @@ class SchedulerCore(object):
                                   restarts=j.restarts, age=now - j.submitted,
                                   preemptible=j.state != RUNNING)
         current = {j.id: list(j.allocation) for j in active if j.allocation}
-        policy = Policy(p=self.p, restart_cost=self.restart_cost(), time_limit=self.time_limit)
+        policy = Policy(p=self.p, restart_cost=self.restart_cost(), time_limit=self.time_limit,
+                        horizon=self.interval)
         began = time.perf_counter()
         plan = policy.optimize(infos, dict(self.nodes), current)
         took = time.perf_counter() - began
+        if self.verbose >= 2:
+            for j in active:
+                info = infos[j.id]
+                self._log("plan: job %s: %d..%d ranks, age %.0f s, restarts %d, restart cost "
+                          "%.2f s, speedup %s -> %d" % (
+                              j.name, info.min_replicas, info.max_replicas, info.age,
+                              info.restarts, policy.restart_cost, " ".join(
+                                  "%d:%.2f" % (r, info.speedup(-(-r // widest), r))
+                                  for r in range(1, info.max_replicas + 1)),
+                              len(plan.get(j.id, []))))
         for j in active:
             new = sorted(plan.get(j.id, []))
             if j.state == RUNNING and not new and j.allocation:
@@ -530,8 +544,8 @@ class SchedulerError(RuntimeError):
 class Scheduler(object):
     """A client of the cluster's scheduler actor (made, detached, if there is none yet, with
     ``options``: interval, cpus_per_slot, restart_cost, p, drain_seconds, elastic_timeout,
-    timeout_s, verbose). ``address``: the Ray cluster (default RAY_ADDRESS, else a local
-    one)."""
+    timeout_s, verbose: 1 logs jobs' changes, 2 also each job's speedups at every plan).
+    ``address``: the Ray cluster (default RAY_ADDRESS, else a local one)."""
 
     def __init__(self, address=None, name=NAME, namespace=NAMESPACE, create=True, **options):
         import ray
@@ -607,67 +621,9 @@ class Scheduler(object):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m horovod_cpp.ray.scheduler",
-        description="The goodput scheduler of horovod_cpp jobs on a Ray cluster "
-                    "(docs/scheduling.md).")
-    parser.add_argument("--address", help="the Ray cluster (default: RAY_ADDRESS)")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("start", help="start the scheduler actor (detached)")
-    p.add_argument("--interval", type=float, default=60.0,
-                   help="seconds between plans (also made on arrivals, ends and node changes)")
-    p.add_argument("--cpus-per-slot", type=float, default=1)
-    p.add_argument("--restart-cost", type=float, default=None,
-                   help="seconds a resize costs (default: the jobs' measured pauses)")
-    p.add_argument("--drain-seconds", type=float, default=30.0,
-                   help="how long a shrinking job has to reach a commit")
-    p.add_argument("--policy", choices=["goodput", "fcfs"], default="goodput",
-                   help="goodput (Pollux's objective) or fcfs (each job at its max-np, in "
-                        "submission order: the static baseline)")
-    p = sub.add_parser("submit", help="submit a script as an elastic job")
-    p.add_argument("script")
-    p.add_argument("script_args", nargs=argparse.REMAINDER)
-    p.add_argument("--min-np", type=int, default=1)
-    p.add_argument("--max-np", type=int, default=None)
-    p.add_argument("--name")
-    p = sub.add_parser("status", help="one job's status, or every job's")
-    p.add_argument("job", nargs="?")
-    p = sub.add_parser("cancel", help="cancel a job")
-    p.add_argument("job")
-    p = sub.add_parser("wait", help="wait for a job to end")
-    p.add_argument("job")
-    p.add_argument("--timeout", type=float, default=None)
-    sub.add_parser("stop", help="cancel every job and end the scheduler")
-    args = parser.parse_args(argv)
-    if args.command == "start":
-        Scheduler(args.address, interval=args.interval, cpus_per_slot=args.cpus_per_slot,
-                  restart_cost=args.restart_cost, drain_seconds=args.drain_seconds,
-                  policy=args.policy)
-        print("scheduler %s running" % NAME)
-        return 0
-    try:
-        sched = Scheduler(args.address, create=False)
-    except SchedulerError as e:
-        print(e, file=sys.stderr)
-        return 2
-    try:
-        if args.command == "submit":
-            print(sched.submit(script=args.script, script_args=args.script_args,
-                               min_np=args.min_np, max_np=args.max_np, name=args.name))
-        elif args.command == "status":
-            print(json.dumps(sched.status(args.job), indent=1, default=str))
-        elif args.command == "cancel":
-            print(sched.cancel(args.job))
-        elif args.command == "wait":
-            sched.wait(args.job, args.timeout)
-            print(SUCCEEDED)
-        elif args.command == "stop":
-            sched.shutdown()
-            print("stopped")
-    except (KeyError, SchedulerError, TimeoutError) as e:
-        print("error: %s" % (e.args[0] if isinstance(e, KeyError) else e), file=sys.stderr)
-        return 1
-    return 0
+    """The command line (``horovod_cpp.ray.scheduler_cli``)."""
+    from horovod_cpp.ray.scheduler_cli import main as cli
+    return cli(argv)
 
 
 if __name__ == "__main__":

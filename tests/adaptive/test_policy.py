@@ -136,6 +136,28 @@ def test_a_running_job_keeps_its_hosts_unless_moving_pays_for_the_restart():
     assert alloc["old"] == ["a"] * 4
 
 
+def test_a_horizon_lets_a_young_job_grow_and_still_limits_churn():
+    # A job 2 s old at 1 rank, alone on 4 slots, speedup 2^0.9 = 1.87 at 2 ranks, a resize
+    # costing 3 s. Pollux's factor 2 / 5 = 0.4 makes 1.87 * 0.4 < 1: it stays at 1 rank.
+    # Counted over a 60 s horizon, 60 / 63: it grows.
+    hosts, current = {"a": 4}, {"j": ["a"]}
+    job = JobInfo(speedup(0.9, 0.0), min_replicas=1, max_replicas=2, age=2)
+    assert restart_factor(job, 3.0) == pytest.approx(2 / 5)
+    assert restart_factor(job, 3.0, horizon=60) == pytest.approx(60 / 63)
+    assert Policy(restart_cost=3.0).optimize({"j": job}, hosts, current)["j"] == ["a"]
+    assert Policy(restart_cost=3.0, horizon=60).optimize(
+        {"j": job}, hosts, current)["j"] == ["a", "a"]
+    # Every change is still charged: after 15 of them (45 s of 60), (60 - 45) / 63 = 0.24,
+    # and 1.87 * 0.24 < 1 keeps it where it is; an old job's age counts as before.
+    churned = JobInfo(speedup(0.9, 0.0), min_replicas=1, max_replicas=2, age=2, restarts=15)
+    assert restart_factor(churned, 3.0, horizon=60) == pytest.approx(15 / 63)
+    assert Policy(restart_cost=3.0, horizon=60).optimize(
+        {"j": churned}, hosts, current)["j"] == ["a"]
+    old = JobInfo(speedup(0.9, 0.0), max_replicas=2, age=600, restarts=2)
+    assert restart_factor(old, 3.0, horizon=60) == restart_factor(old, 3.0) == \
+        pytest.approx(594 / 603)
+
+
 def test_min_replicas_and_queueing():
     hosts = {"a": 4, "b": 4}
     jobs = {"big": JobInfo(speedup(1.0, 0.0), min_replicas=6, max_replicas=8, submitted=0),
