@@ -365,7 +365,10 @@ class SchedulerCore(object):
                                   min_replicas=j.min_np, max_replicas=cap,
                                   submitted=j.submitted, attained_service=j.attained,
                                   restarts=j.restarts, age=now - j.submitted,
-                                  preemptible=j.state != RUNNING)
+                                  # (one that lost every slot with its nodes has no state
+                                  # left to keep: it waits as a queued job does)
+                                  preemptible=j.state != RUNNING or not any(
+                                      n in self.nodes for n in j.allocation))
         current = {j.id: list(j.allocation) for j in active if j.allocation}
         policy = Policy(p=self.p, restart_cost=self.restart_cost(), time_limit=self.time_limit,
                         horizon=self.interval)

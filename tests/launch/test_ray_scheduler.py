@@ -194,3 +194,33 @@ def test_fcfs_gives_a_running_job_that_lost_a_node_the_next_free_slot_first():
     j2.state, j2.allocation = SUCCEEDED, []  # b free: j4 starts there
     core._plan()
     assert j4.allocation == ["b", "b"] and j1.allocation == ["a", "a"]
+
+
+def test_a_job_that_lost_every_slot_does_not_take_one_from_a_job_still_training():
+    """The goodput plan (no Ray needed) when the running jobs' minimums do not fit after a
+    node died: a job whose every slot was on it has no state left and waits, as a queued job
+    does; it does not take the slot of a job that still trains (which would lose its state),
+    whatever their attained service. When a slot frees, it gets it."""
+    from horovod_cpp.ray.scheduler import SchedulerCore, _Job
+    core = SchedulerCore(verbose=0)
+    core.nodes = {"a": 1, "b": 1}
+
+    def job(name, allocation, attained):
+        j = _Job(name, name, None, (), {}, 1, 1, {})
+        j.state, j.allocation, j.attained = RUNNING, list(allocation), attained
+        j.submitted = time.time() - 100
+        core.jobs[name] = j
+        return j
+    for attained in (0.0, 500.0):  # (the one left without slots has less service, or more)
+        core.jobs.clear()
+        core.nodes = {"a": 1, "b": 1}
+        trains = job("trains", ["a"], 100.0)
+        lost = job("lost", ["b"], attained)
+        del core.nodes["b"]
+        core._plan()
+        assert trains.allocation == ["a"] and lost.allocation == [], attained
+        core._plan()  # (and again, from where it is now)
+        assert trains.allocation == ["a"] and lost.allocation == [], attained
+        trains.state, trains.allocation = SUCCEEDED, []
+        core._plan()
+        assert lost.allocation == ["a"]
