@@ -56,6 +56,7 @@ NAMESPACE = "horovod_cpp"
 NODE_POLL = 1.0
 DEFAULT_RESTART_COST = 2.0  # seconds, until a job has measured one
 SETTLE_WINDOW = 20  # the restart cost: the median of the last this many changes' times
+SETTLE_LIMIT = 60.0  # seconds a job in the middle of a change is kept out of new plans
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (
     "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
@@ -361,8 +362,11 @@ class SchedulerCore(object):
         infos = {}
         for j in active:
             cap = max(j.min_np, replica_cap(j.hints, min(j.max_np or total, max(total, 1))))
+            low = j.min_np
+            if self._resizing(j):  # (not changed again until its last change is in effect)
+                low = cap = len(j.allocation)
             infos[j.id] = JobInfo(HintedSpeedup(j.hints, fair_hosts, fair_replicas),
-                                  min_replicas=j.min_np, max_replicas=cap,
+                                  min_replicas=low, max_replicas=cap,
                                   submitted=j.submitted, attained_service=j.attained,
                                   restarts=j.restarts, age=now - j.submitted,
                                   # (one that lost every slot with its nodes has no state
@@ -404,6 +408,15 @@ class SchedulerCore(object):
                                                            len(new)))
             j.allocation = new
         self.plans.append((now, {j.id: _count(j.allocation) for j in active}, took))
+
+    def _resizing(self, job):
+        """Whether ``job``'s last change of slots is still coming into effect (for at most
+        SETTLE_LIMIT seconds) on nodes that are all still there: the plan keeps it as it is
+        (a change on top of one in progress stops workers that are still starting, or
+        draining, and the test bed saw jobs moved three times in four seconds)."""
+        return (job.state == RUNNING and job.settling is not None and job.allocation and
+                time.monotonic() - job.settling[0] < SETTLE_LIMIT and
+                all(n in self.nodes for n in job.allocation))
 
     def _plan_fcfs(self, active):
         """The static baseline: a job runs at its requested size (``max_np``, else

@@ -224,3 +224,22 @@ def test_a_job_that_lost_every_slot_does_not_take_one_from_a_job_still_training(
         trains.state, trains.allocation = SUCCEEDED, []
         core._plan()
         assert lost.allocation == ["a"]
+
+
+def test_a_job_is_not_replanned_while_its_last_change_comes_into_effect():
+    """The goodput plan (no Ray needed): a job whose last change is still coming into effect
+    (its workers starting or draining) keeps its slots when a newcomer arrives; once the change
+    is in effect (or SETTLE_LIMIT passed), the next plan shares the slots."""
+    from horovod_cpp.ray import scheduler
+    core = scheduler.SchedulerCore(verbose=0)
+    core.nodes = {"a": 2}
+    old = scheduler._Job("old", "old", None, (), {}, 1, None, {})
+    old.state, old.allocation, old.submitted = RUNNING, ["a", "a"], time.time() - 100
+    old.settling = (time.monotonic(), 2, 0)  # (grew to 2 a moment ago: not in effect yet)
+    new = scheduler._Job("new", "new", None, (), {}, 1, None, {})
+    core.jobs = {"old": old, "new": new}
+    core._plan()
+    assert old.allocation == ["a", "a"] and new.allocation == []
+    old.settling = (time.monotonic() - scheduler.SETTLE_LIMIT - 1, 2, 0)  # (too long: moves)
+    core._plan()
+    assert old.allocation == ["a"] and new.allocation == ["a"]
