@@ -213,6 +213,7 @@ class ElasticRayExecutor(object):
         self.driver = None  # the elastic driver of the run under way
         self._job = None
         self._started = False
+        self.log_tag = None  # (the scheduler's: its job's name, in each log line)
 
     def node_of_host(self, host):
         """The Ray node id of one of the run's hosts (None if unknown)."""
@@ -228,8 +229,9 @@ class ElasticRayExecutor(object):
 
     def _log(self, text):
         if self.settings.verbose >= 1:
-            print("horovod_cpp.ray elastic: %s %s" % (time.strftime("%H:%M:%S"), text),
-                  flush=True)
+            print("horovod_cpp.ray elastic: %s %s%s" % (
+                time.strftime("%H:%M:%S"), "(%s) " % self.log_tag if self.log_tag else "",
+                text), flush=True)
 
     def run(self, worker_fn, callbacks=None, args=None, kwargs=None):
         """Runs ``worker_fn(*args, **kwargs)`` as an elastic job; the values of the last

@@ -478,6 +478,7 @@ class SchedulerCore(object):
             allotment=lambda job=job: _count(job.allocation), drain_seconds=self.drain_seconds,
             hints=_HintSink(self.name, self.namespace, job.id))
         executor._started = True  # (this process is connected to Ray already)
+        executor.log_tag = job.name
         job.executor = executor
         job.state = RUNNING
         job.started = time.time()
