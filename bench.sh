@@ -342,7 +342,7 @@ PY
         read -r sched_address sched_token <<< "$sched_up"
         scripts/testbed.sh exec hvd-h1 env HVD_RAY_TOKEN_FILE="$sched_token" \
           .venv/bin/python examples/bench/scheduler_demo.py --address "$sched_address" \
-          --jobs 12 --mean-interarrival 50 --sample-delay 1e-3 --kill-host "$PWD/scripts/testbed.sh kill hvd-h4" \
+          --jobs 12 --mean-interarrival 50 --kill-host "$PWD/scripts/testbed.sh kill hvd-h4" \
           --kill-at 240 --restore-host "$PWD/scripts/testbed.sh ray node hvd-h4" \
           --plot bench-scheduler.png 2>&1 | grep -E "^(SCHED|goodput|fcfs):" |
           sed 's/^SCHED:/FIGURE SCHED1 name=scheduler_vs_fcfs/' || echo "# scheduler demo failed"
