@@ -115,10 +115,15 @@ class _Job(object):
         self.sizes = []  # (time, np) whenever the plan changed the job's size
         self.settling = None  # (since when, np, round then): a change not in effect yet
 
+    @property
+    def driver(self):
+        """The elastic driver of the job's run (None before it starts)."""
+        return self.executor.driver if self.executor is not None else None
+
     def status(self):
         hints = self.hints or {}
         # (the ranks the job last reported training at; before any report, its round's)
-        driver = self.executor.driver if self.executor is not None else None
+        driver = self.driver
         ranks = 0
         if self.state == RUNNING:
             ranks = hints.get("ranks", len(driver.members) if driver is not None else 0)
@@ -201,7 +206,7 @@ class SchedulerCore(object):
                 self._finish(job, CANCELLED)
             else:
                 job.state = CANCELLED
-                driver = job.executor.driver if job.executor is not None else None
+                driver = job.driver
                 if driver is not None:
                     driver.cancel("job %s was cancelled" % job_id)
         self.wake.set()
@@ -294,7 +299,7 @@ class SchedulerCore(object):
         # checks take a while to declare a killed node dead). (Not one where a job's function
         # raised: that job's driver keeps its own blacklist, the other jobs may use the node.)
         for job in self.jobs.values():
-            driver = job.executor.driver if job.executor is not None else None
+            driver = job.driver
             job_nodes = getattr(job.executor, "node_of_host", None)
             if driver is None or job_nodes is None:
                 continue
@@ -399,7 +404,7 @@ class SchedulerCore(object):
                 if j.state == RUNNING:
                     j.restarts += 1
                     # (a change on top of one not in effect yet counts from the first)
-                    driver = j.executor.driver if j.executor is not None else None
+                    driver = j.driver
                     since, _, before = j.settling or (
                         time.monotonic(), None, driver.round if driver is not None else -1)
                     j.settling = (since, len(new), before)
@@ -501,7 +506,7 @@ class SchedulerCore(object):
         now = time.time()
         live = {}
         for job in self.jobs.values():
-            driver = job.executor.driver if job.executor is not None else None
+            driver = job.driver
             if driver is None or job.state != RUNNING:
                 continue
             if job.settling is not None and driver.forming is None and \

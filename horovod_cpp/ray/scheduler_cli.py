@@ -19,7 +19,8 @@ def main(argv=None):
                    help="seconds between plans (also made on arrivals, ends and node changes)")
     p.add_argument("--cpus-per-slot", type=float, default=1)
     p.add_argument("--restart-cost", type=float, default=None,
-                   help="seconds a resize costs (default: the jobs' measured pauses)")
+                   help="seconds a resize costs (default: measured, the time changes take "
+                        "to come into effect)")
     p.add_argument("--drain-seconds", type=float, default=30.0,
                    help="how long a shrinking job has to reach a commit")
     p.add_argument("--policy", choices=["goodput", "fcfs"], default="goodput",

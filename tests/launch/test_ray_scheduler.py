@@ -166,23 +166,28 @@ def test_the_cli_submits_waits_and_reports_status(sched, cluster, tmp_path):
     assert out.returncode == 1 and "no job" in out.stderr
 
 
+def add_job(core, name, state, allocation, min_np=1, max_np=None, **fields):
+    """A job in ``core``'s table as the loop would have it (no Ray: the Ray-free tests)."""
+    from horovod_cpp.ray.scheduler import _Job
+    j = _Job(name, name, None, (), {}, min_np, max_np, {})
+    j.state, j.allocation = state, list(allocation)
+    for k, v in fields.items():
+        setattr(j, k, v)
+    core.jobs[name] = j
+    return j
+
+
 def test_fcfs_gives_a_running_job_that_lost_a_node_the_next_free_slot_first():
     """The baseline's plan (no Ray needed): a running job whose node died keeps its live
     slots and takes the next free one before any queued job (it is ahead of them), and a
     queued job that does not fit holds back the ones behind it."""
-    from horovod_cpp.ray.scheduler import SchedulerCore, _Job
+    from horovod_cpp.ray.scheduler import SchedulerCore
     core = SchedulerCore(policy="fcfs", verbose=0)
     core.nodes = {"a": 2, "b": 2, "c": 2}
-
-    def job(name, np, state, allocation):
-        j = _Job(name, name, None, (), {}, np, np, {})
-        j.state, j.allocation = state, list(allocation)
-        core.jobs[name] = j
-        return j
-    j1 = job("j1", 2, RUNNING, ["a", "c"])
-    j2 = job("j2", 2, RUNNING, ["b", "b"])
-    j3 = job("j3", 1, QUEUED, [])
-    j4 = job("j4", 2, QUEUED, [])
+    j1 = add_job(core, "j1", RUNNING, ["a", "c"], 2, 2)
+    j2 = add_job(core, "j2", RUNNING, ["b", "b"], 2, 2)
+    j3 = add_job(core, "j3", QUEUED, [], 1, 1)
+    j4 = add_job(core, "j4", QUEUED, [], 2, 2)
     del core.nodes["c"]  # c died: j1 has 1 of its 2, and a has 1 free slot
     core._plan()
     assert j1.allocation == ["a", "a"] and j2.allocation == ["b", "b"]
@@ -201,21 +206,15 @@ def test_a_job_that_lost_every_slot_does_not_take_one_from_a_job_still_training(
     node died: a job whose every slot was on it has no state left and waits, as a queued job
     does; it does not take the slot of a job that still trains (which would lose its state),
     whatever their attained service. When a slot frees, it gets it."""
-    from horovod_cpp.ray.scheduler import SchedulerCore, _Job
+    from horovod_cpp.ray.scheduler import SchedulerCore
     core = SchedulerCore(verbose=0)
-    core.nodes = {"a": 1, "b": 1}
-
-    def job(name, allocation, attained):
-        j = _Job(name, name, None, (), {}, 1, 1, {})
-        j.state, j.allocation, j.attained = RUNNING, list(allocation), attained
-        j.submitted = time.time() - 100
-        core.jobs[name] = j
-        return j
     for attained in (0.0, 500.0):  # (the one left without slots has less service, or more)
         core.jobs.clear()
         core.nodes = {"a": 1, "b": 1}
-        trains = job("trains", ["a"], 100.0)
-        lost = job("lost", ["b"], attained)
+        trains = add_job(core, "trains", RUNNING, ["a"], 1, 1, attained=100.0,
+                         submitted=time.time() - 100)
+        lost = add_job(core, "lost", RUNNING, ["b"], 1, 1, attained=attained,
+                       submitted=time.time() - 100)
         del core.nodes["b"]
         core._plan()
         assert trains.allocation == ["a"] and lost.allocation == [], attained
@@ -233,11 +232,9 @@ def test_a_job_is_not_replanned_while_its_last_change_comes_into_effect():
     from horovod_cpp.ray import scheduler
     core = scheduler.SchedulerCore(verbose=0)
     core.nodes = {"a": 2}
-    old = scheduler._Job("old", "old", None, (), {}, 1, None, {})
-    old.state, old.allocation, old.submitted = RUNNING, ["a", "a"], time.time() - 100
-    old.settling = (time.monotonic(), 2, 0)  # (grew to 2 a moment ago: not in effect yet)
-    new = scheduler._Job("new", "new", None, (), {}, 1, None, {})
-    core.jobs = {"old": old, "new": new}
+    old = add_job(core, "old", RUNNING, ["a", "a"], submitted=time.time() - 100,
+                  settling=(time.monotonic(), 2, 0))  # (grew to 2 a moment ago: not in effect)
+    new = add_job(core, "new", QUEUED, [])
     core._plan()
     assert old.allocation == ["a", "a"] and new.allocation == []
     old.settling = (time.monotonic() - scheduler.SETTLE_LIMIT - 1, 2, 0)  # (too long: moves)
