@@ -640,13 +640,3 @@ class Scheduler(object):
             self._call("shutdown")
         finally:
             ray.kill(self.actor)
-
-
-def main(argv=None):
-    """The command line (``horovod_cpp.ray.scheduler_cli``)."""
-    from horovod_cpp.ray.scheduler_cli import main as cli
-    return cli(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -70,3 +70,7 @@ def main(argv=None):
         print("error: %s" % (e.args[0] if isinstance(e, KeyError) else e), file=sys.stderr)
         return 1
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
