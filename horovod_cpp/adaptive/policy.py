@@ -318,7 +318,7 @@ class Policy(object):
         for k in rest:
             r = counts[k]
             while r > 0:
-                placed = self._fit(r, free, spanning)
+                placed = self._fit(r, free, spanning, base.get(k))
                 if placed is not None:
                     break
                 r = self._smaller(tables[k], r)
@@ -389,7 +389,7 @@ class Policy(object):
                     if n >= r:
                         alloc = [h] * r
                         out.append((self._term(tables[k], alloc, b), alloc))
-                placed = self._fit(r, free, set(spanning))
+                placed = self._fit(r, free, set(spanning), b)
                 if placed is not None and len(placed) > 1:
                     alloc = [h for h, n in placed for _ in range(n)]
                     out.append((self._term(tables[k], alloc, b), alloc))
@@ -446,16 +446,20 @@ class Policy(object):
         smaller = [x for x in table if 0 < x < r]
         return max(smaller) if smaller else 0
 
-    def _fit(self, r, free, spanning):
+    def _fit(self, r, free, spanning, current=()):
         """[(host, replicas)] for r replicas, or None: one host if it can hold them (the
-        fullest that does: best fit), else the emptiest hosts without a spanning job."""
+        fullest that does: best fit), else the emptiest hosts without a spanning job. Among
+        hosts that fit alike, those holding more of the job's ``current`` slots first: a
+        worker that stays needs no start, and two resized jobs do not trade hosts (each one's
+        new workers would wait for the other's old ones to leave)."""
+        here = dict(_counts(current)) if current else {}
         single = [h for h, n in free.items() if n >= r]
         if single:
-            h = min(single, key=lambda x: (free[x], str(x)))
+            h = min(single, key=lambda x: (free[x], -here.get(x, 0), str(x)))
             return [(h, r)]
         allowed = [h for h, n in free.items() if n > 0 and
                    not (self.avoid_interference and h in spanning)]
-        allowed.sort(key=lambda x: (-free[x], str(x)))
+        allowed.sort(key=lambda x: (-free[x], -here.get(x, 0), str(x)))
         placed, left = [], r
         for h in allowed[:self.max_hosts_per_job]:
             take = min(free[h], left)
@@ -488,7 +492,7 @@ class Policy(object):
                     trial_spanning = set(spanning)
                     if len(set(current)) > 1:
                         trial_spanning.difference_update(current)
-                    placed = self._fit(r2, trial, trial_spanning)
+                    placed = self._fit(r2, trial, trial_spanning, current)
                     if placed is None:
                         break
                     row = table[r2]

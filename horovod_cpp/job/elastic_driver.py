@@ -240,7 +240,10 @@ class ElasticDriver(object):
 
     # ---- rounds --------------------------------------------------------------------------
     def form_round(self, reason):
-        live = [w for w in self.live_workers() if w.leaving is None]
+        # (Workers started for added hosts and not up yet stay out: they join the round after,
+        # when they are up; a round formed to let removed slots go does not wait for them.)
+        starting = self.starting()
+        live = [w for w in self.live_workers() if w.leaving is None and w not in starting]
         leaving = [w for w in self.live_workers() if w.leaving is not None]
         if self.round >= 0:
             if self.reset_limit is not None and self.resets >= self.reset_limit:
@@ -265,7 +268,7 @@ class ElasticDriver(object):
         self.members = members
         self.forming = (k, time.monotonic() + self.elastic_timeout)
         self.pending_add = False
-        self.arriving = []
+        self.arriving = [(w, t) for w, t in self.arriving if w in starting]
         self.drain_since = None
         self.history.append((k, [w.id for w in members], reason))
         self.log("round %d: %d ranks (%s): %s" % (k, len(members),
@@ -289,9 +292,13 @@ class ElasticDriver(object):
             return "workers %s did not join round %d" % (", ".join(w.id for w in missing), k)
         return None
 
+    def starting(self):
+        """The workers started for added hosts that are not up yet."""
+        return [w for w, _ in self.arriving if w.live() and not self.up(w)]
+
     def arrived(self, now):
         """Whether the workers started for added hosts are up (or ARRIVAL_LIMIT passed)."""
-        waiting = [w for w, _ in self.arriving if w.live() and not self.up(w)]
+        waiting = self.starting()
         if not waiting:
             return True
         first = min(t for _, t in self.arriving)
@@ -391,7 +398,13 @@ class ElasticDriver(object):
                     self.arriving.extend((w, now) for w in started)
                     self.log("started %s for added hosts; the round forms once they are up"
                              % ", ".join(w.id for w in started))
-                if drained and not self.arriving:  # (else the newcomers' arrival bumps it)
+                # Removed slots go first, without waiting for the newcomers, if the members
+                # that stay can train on: the plan gave those slots to another job, whose own
+                # newcomers may be waiting for them (two jobs trading hosts waited on each
+                # other until ARRIVAL_LIMIT on the test bed). Else the newcomers' arrival
+                # bumps the version.
+                staying = [w for w in self.members if w.live() and w.leaving is None]
+                if drained and (not self.arriving or len(staying) >= max(1, self.min_np)):
                     self.bump_hosts_version(now)
             late = [w for w in self.live_workers() if w.leaving is not None and
                     self.drain_since is not None and now - self.drain_since > self.drain_seconds]
@@ -422,8 +435,11 @@ class ElasticDriver(object):
             if need is None:
                 continue
             # (A worker draining from a removed slot is no member of the next round: counting
-            # it formed rounds of 0 ranks, which no newcomer could join.)
-            joinable = [w for w in self.live_workers() if w.leaving is None]
+            # it formed rounds of 0 ranks, which no newcomer could join. Newcomers still
+            # starting join the round after, once they are up.)
+            starting = self.starting()
+            joinable = [w for w in self.live_workers()
+                        if w.leaving is None and w not in starting]
             if len(joinable) < self.min_np:
                 if self.short_since is None:
                     self.short_since = now

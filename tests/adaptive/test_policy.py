@@ -158,6 +158,23 @@ def test_a_horizon_lets_a_young_job_grow_and_still_limits_churn():
         pytest.approx(594 / 603)
 
 
+def test_resized_jobs_grow_where_they_are_and_do_not_trade_hosts():
+    # Two 1-slot jobs, "x" on host h2 and "y" on h1 (2 slots each), both growing to 2 ranks.
+    # Both hosts fit either job alike; best fit alone (ties by name) put "x", placed first, on
+    # h1 and "y" on h2: in process, each job's new workers then wait for the other's old one
+    # to leave. Each stays where it is.
+    hosts = {"h1": 2, "h2": 2}
+    jobs = {k: JobInfo(speedup(0.9, 0.0), max_replicas=2, age=600) for k in ("x", "y")}
+    current = {"x": ["h2"], "y": ["h1"]}
+    alloc = Policy(restart_cost=1.0).optimize(jobs, hosts, current)
+    assert alloc == {"x": ["h2", "h2"], "y": ["h1", "h1"]}
+    # A job spread over hosts keeps the host with most of its slots when it shrinks onto one.
+    hosts = {"h1": 2, "h2": 2, "h3": 2}
+    jobs = {"z": JobInfo(speedup(0.9, 0.5), max_replicas=2, age=600)}
+    alloc = Policy(restart_cost=1.0).optimize(jobs, hosts, {"z": ["h1", "h3", "h3"]})
+    assert alloc == {"z": ["h3", "h3"]}
+
+
 def test_min_replicas_and_queueing():
     hosts = {"a": 4, "b": 4}
     jobs = {"big": JobInfo(speedup(1.0, 0.0), min_replicas=6, max_replicas=8, submitted=0),

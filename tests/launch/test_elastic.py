@@ -131,6 +131,28 @@ def test_a_job_drained_of_its_last_slot_waits_and_a_newcomer_forms_the_next_roun
     assert rounds_of(lines, B + ":0") == ["round 1 rank 0 size 1"]
 
 
+def test_a_removed_slot_goes_before_the_newcomer_on_an_added_one_is_up(tmp_path):
+    # Discovery moves B's slot to C (the scheduler gave B's slot to another job and this one a
+    # slot on C). B:0 drains at once: round 1 is A:0 alone, formed while C:0 is still starting
+    # (3 s), and C:0 joins in round 2. (Waiting for C:0 first held B's slot: two jobs trading
+    # hosts waited on each other's slots for 60 s on the test bed.)
+    script, listing = discovery(tmp_path, [A + ":1", B + ":1"])
+    lines = []
+    d = driver(SIM + ["2"], 2, 1, 2, script, lines, elastic_timeout=20, drain_seconds=30,
+               env={"HVD_SIM_START_DELAY": "3", "HVD_SIM_FROM_ROUND": "2"})
+    moved = []
+
+    def move():
+        moved.append(time.monotonic())
+        listing.write_text("%s:1\n%s:1\n" % (A, C))
+    run_adding_hosts(d, lines, move)
+    assert [(k, ids) for k, ids, _ in d.history] == [
+        (0, [A + ":0", B + ":0"]), (1, [A + ":0"]), (2, [A + ":0", C + ":0"])], lines
+    assert rounds_of(lines, A + ":0") == ["round 0 rank 0 size 2", "round 1 rank 0 size 1",
+                                          "round 2 rank 0 size 2"]
+    assert rounds_of(lines, C + ":0") == ["round 2 rank 1 size 2"]
+
+
 def test_fewer_than_min_np_fails_after_the_elastic_timeout(tmp_path):
     script, _ = discovery(tmp_path, [A + ":1", B + ":1"])
     lines = []
