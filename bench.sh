@@ -2,10 +2,11 @@
 # Every performance figure in one command: install what is missing, build, then run the
 # benchmarks in examples/bench/ on 2 ranks. Each figure is one line
 #   FIGURE <id> name=... p50_ms=... p90_ms=... baseline=... ratio=... target=... met=yes|no|n/a
-# where ratio is against a baseline measured in the same run. About 80 minutes on 2 cores,
-# 30 of them across test hosts (~18 for gradient compression: every compressor on the MLP and
+# where ratio is against a baseline measured in the same run. About 110 minutes on 2 cores,
+# ~55 of them across test hosts (~18 for gradient compression: every compressor on the MLP and
 # the CNN at 2 hosts x 1 and x 2 ranks, 1 and 10 Gbit/s, interleaved over 3 rounds, FIGURE
-# C1/C2; 2 for autotuning when the link changes, A3; ~5 for adaptive training's resizes, RS1),
+# C1/C2; 2 for autotuning when the link changes, A3; ~5 for adaptive training's resizes, RS1;
+# ~27 for the goodput scheduler against FCFS, 12 jobs under each, SCHED1),
 # 6 for the sharded optimizer's figures, ~5 for stage 3's, ~7 for autotuning (a grid of static
 # settings and the tuner, A1/A2), ~15 for adaptive training's time to accuracy (TTA1-4).
 #   ./bench.sh                 all figures (allreduce over shared memory, TCP and test hosts,
@@ -15,7 +16,7 @@
 #                              builds from PyPI into .venv-horovod: about 2.5 minutes, once)
 #   ./bench.sh --no-hosts      skip the figures across test hosts (scripts/testbed.sh: 2 hosts
 #                              on this machine, links limited to 1 and 10 Gbit/s; needs root)
-#   ./bench.sh --hosts-only    only those (about 35 minutes)
+#   ./bench.sh --hosts-only    only those (about 55 minutes)
 #   ./bench.sh --compression-only
 #                              only the gradient compression figures across test hosts
 #                              (C1/C2, about 18 minutes)
