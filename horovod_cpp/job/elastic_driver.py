@@ -243,7 +243,7 @@ class ElasticDriver(object):
         # (Workers started for added hosts and not up yet stay out: they join the round after,
         # when they are up; a round formed to let removed slots go does not wait for them.)
         starting = self.starting()
-        live = [w for w in self.live_workers() if w.leaving is None and w not in starting]
+        live = self.joinable(starting)
         leaving = [w for w in self.live_workers() if w.leaving is not None]
         if self.round >= 0:
             if self.reset_limit is not None and self.resets >= self.reset_limit:
@@ -295,6 +295,11 @@ class ElasticDriver(object):
     def starting(self):
         """The workers started for added hosts that are not up yet."""
         return [w for w, _ in self.arriving if w.live() and not self.up(w)]
+
+    def joinable(self, starting):
+        """The live workers that can be members of the next round: not draining from a
+        removed slot, and not among ``starting`` (newcomers not up yet)."""
+        return [w for w in self.live_workers() if w.leaving is None and w not in starting]
 
     def arrived(self, now):
         """Whether the workers started for added hosts are up (or ARRIVAL_LIMIT passed)."""
@@ -437,9 +442,7 @@ class ElasticDriver(object):
             # (A worker draining from a removed slot is no member of the next round: counting
             # it formed rounds of 0 ranks, which no newcomer could join. Newcomers still
             # starting join the round after, once they are up.)
-            starting = self.starting()
-            joinable = [w for w in self.live_workers()
-                        if w.leaving is None and w not in starting]
+            joinable = self.joinable(self.starting())
             if len(joinable) < self.min_np:
                 if self.short_since is None:
                     self.short_since = now
