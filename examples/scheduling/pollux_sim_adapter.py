@@ -11,8 +11,10 @@ commit docs/scheduling.md names and makes the venv it runs in. Then, for the 8 w
 
 ``--restart-seconds`` is both what a reallocation costs the job in the simulation (its
 ``rescale_time``; the simulator's own is 30 s) and the cost the policy weighs a restart with.
-``--compare-ga N`` also runs Pollux's genetic algorithm on every Nth round's inputs and prints
-both allocations' values under Pollux's own objective (``pollux.Problem._evaluate``).
+``--events`` re-plans when a job arrives or ends as well as every 60 s, as horovod_cpp's
+scheduler does (the default is Pollux's cadence, every 60 s only). ``--compare-ga N`` also
+runs Pollux's genetic algorithm on every Nth round's inputs and prints both allocations'
+values under Pollux's own objective (``pollux.Problem._evaluate``).
 ``--workloads DIR`` (default: the simulator's ``workloads``), ``--only NAME`` runs one.
 
 The adapter gives the policy, for each job, the speedup the genetic algorithm optimises: the
@@ -37,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from horovod_cpp.adaptive.policy import JobInfo, Policy  # noqa: E402
 
 GPU = "nvidia.com/gpu"
+INTERVAL = 60  # seconds between rounds, as in Pollux's evaluation
 
 
 class RebasedSpeedup(object):
@@ -184,8 +187,13 @@ def run_workload(args):
     # The simulator builds Pollux-style jobs for a PolluxPolicy: the adapter takes its place.
     simulator.PolluxPolicy = PolicyAdapter
     cluster = simulator.Cluster(pandas.read_csv(path), adapter, 16, num_gpus=4)
+    next_plan = INTERVAL
     while not cluster.all_complete():
-        cluster.step(60)
+        # Each step ends with a round of the policy: every INTERVAL seconds (Pollux), and
+        # with --events also at the next arrival or completion (horovod_cpp's scheduler).
+        until = next_event(cluster, next_plan) if opts.get("events") else next_plan
+        cluster.step(until - cluster.current_time)
+        next_plan = cluster.current_time + INTERVAL
         if opts.get("progress") and adapter.rounds % 100 == 0:
             done = sum(job.completion_time is not None for job in cluster.jobs)
             print("%s: %d s simulated, %d of %d jobs done, policy %.3f s a round" % (
@@ -193,6 +201,23 @@ def run_workload(args):
                 statistics.mean(adapter.seconds) if adapter.seconds else 0.0), flush=True)
     jcts = cluster.get_jcts()
     return name, jcts, adapter.seconds, adapter.comparisons, messages
+
+
+def next_event(cluster, until):
+    """The simulated time of the first arrival or completion before ``until`` (else
+    ``until``). A completion is found by stepping a copy of each running job (the simulator
+    is deterministic); the step ends a second after it, past the simulator's rounding."""
+    now = cluster.current_time
+    for job in cluster.jobs:
+        if job.submission_time > now:
+            until = min(until, job.submission_time)
+        elif job.completion_time is None and job.placement:
+            probe = copy.copy(job)
+            probe.profile = dict(job.profile)  # (the one container a step changes in place)
+            probe.step(until - now)
+            if probe.completion_time is not None:
+                until = min(until, probe.completion_time + 1)
+    return max(until, now + 1)
 
 
 def percentile(values, q):
@@ -213,6 +238,9 @@ def main():
     p.add_argument("--restart-seconds", type=float, default=30.0)
     p.add_argument("--compare-ga", type=int, default=0, metavar="N",
                    help="every Nth round, also run Pollux's genetic algorithm on its inputs")
+    p.add_argument("--events", action="store_true",
+                   help="also re-plan when a job arrives or ends, as horovod_cpp's scheduler "
+                   "does (default: every 60 s only, as Pollux)")
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--progress", action="store_true", help="a line every 100 rounds")
     p.add_argument("--output", help="a directory for summary.json")
@@ -230,7 +258,7 @@ def main():
     os.chdir(simulator_dir)  # (the simulator reads its traces relative to itself)
     opts = {"simulator": simulator_dir,
             "restart_seconds": args.restart_seconds, "compare_ga": args.compare_ga,
-            "progress": args.progress}
+            "progress": args.progress, "events": args.events}
     work = [(x, opts) for x in paths]
     if args.processes > 1 and len(work) > 1:
         import multiprocessing

@@ -248,13 +248,18 @@ class _Job(object):
         self.age = 0
 
 
-def test_the_simulator_adapter_answers_in_the_simulators_shape():
+def _adapter_module():
+    """examples/scheduling/pollux_sim_adapter.py (not a package: loaded from its path)."""
     spec = importlib.util.spec_from_file_location(
         "pollux_sim_adapter", os.path.join(ROOT, "examples", "scheduling",
                                            "pollux_sim_adapter.py"))
-    adapter_module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(adapter_module)
-    adapter = adapter_module.PolicyAdapter(restart_seconds=0.5)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_simulator_adapter_answers_in_the_simulators_shape():
+    adapter = _adapter_module().PolicyAdapter(restart_seconds=0.5)
     nodes = {i: _Node(4) for i in range(4)}
     jobs = {"job-%d" % i: _Job(i, max_replicas=m) for i, m in enumerate([1, 2, 8, 16, 4])}
     allocations, desired = adapter.optimize(jobs, nodes, {}, nodes[0])
@@ -273,3 +278,43 @@ def test_the_simulator_adapter_answers_in_the_simulators_shape():
     again, _ = adapter.optimize(jobs, nodes, allocations, nodes[0])
     assert again == allocations
     assert adapter.rounds == 2 and len(adapter.seconds) == 2
+
+
+class _SimJob(object):
+    """A simulator job as next_event sees it: it finishes ``work`` seconds of running."""
+
+    def __init__(self, submission_time, work=None, placement=(4,)):
+        self.submission_time, self.work, self.placement = submission_time, work, placement
+        self.completion_time, self.current_time, self.profile = None, 0, {}
+
+    def step(self, seconds):
+        if self.work is not None and self.work <= seconds:
+            self.completion_time = self.current_time + self.work
+        elif self.work is not None:
+            self.work -= seconds
+        self.current_time += seconds
+        self.profile[seconds] = True
+
+
+def test_the_simulator_adapter_finds_the_next_arrival_or_completion():
+    module = _adapter_module()
+
+    class Cluster(object):
+        current_time = 120
+
+    cluster = Cluster()
+    running = _SimJob(0, work=25)                   # ends at 145
+    endless = _SimJob(0)                            # runs past any interval
+    queued = _SimJob(0, work=5, placement=())       # has no slots: does not run
+    for job in (running, endless, queued):
+        job.current_time = 120
+    cluster.jobs = [running, endless, queued, _SimJob(150)]
+    # The step ends a second after the completion (past the simulator's rounding), before
+    # the arrival at 150.
+    assert module.next_event(cluster, 180) == 146
+    assert running.work == 25 and running.completion_time is None  # stepped a copy
+    assert running.profile == {}                                     # (its own container)
+    cluster.jobs = [endless, queued, _SimJob(150)]
+    assert module.next_event(cluster, 180) == 150
+    assert module.next_event(cluster, 140) == 140    # nothing before the interval's end
+    assert module.next_event(cluster, 120) == 121    # a step is at least a second
