@@ -444,17 +444,22 @@ class ElasticDriver(object):
             # starting join the round after, once they are up.)
             joinable = self.joinable(self.starting())
             if len(joinable) < self.min_np:
+                remain = "only %d ranks remain (%s), fewer than --min-np %d" % (
+                    len(self.live_workers()),
+                    ", ".join(w.id for w in self.live_workers()) or "none", self.min_np)
+                if not self.discovering() and not self.starting():
+                    # Fixed hosts (-H, no discovery): no worker is started after the first
+                    # round, so waiting --elastic-timeout could change nothing.
+                    raise ElasticError("%s, and the hosts are fixed (-H without "
+                                       "--host-discovery-script): none can come (%s)"
+                                       % (remain, need))
                 if self.short_since is None:
                     self.short_since = now
                     self.log("%d workers left, fewer than --min-np %d: waiting up to %g s for "
                              "hosts" % (len(joinable), self.min_np, self.elastic_timeout))
                 if now - self.short_since > self.elastic_timeout:
-                    raise ElasticError(
-                        "only %d ranks remain (%s), fewer than --min-np %d, and no host came "
-                        "within --elastic-timeout %g s (%s)"
-                        % (len(self.live_workers()),
-                           ", ".join(w.id for w in self.live_workers()) or "none", self.min_np,
-                           self.elastic_timeout, need))
+                    raise ElasticError("%s, and no host came within --elastic-timeout %g s "
+                                       "(%s)" % (remain, self.elastic_timeout, need))
                 continue
             self.short_since = None
             self.form_round(need)

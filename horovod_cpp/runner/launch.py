@@ -100,7 +100,8 @@ def _parser():
                     help="slots of a discovered host printed without ':slots' (default 1)")
     el.add_argument("--elastic-timeout", type=float, default=600.0, metavar="SECONDS",
                     help="how long the job waits for --min-np ranks (and for a round's members "
-                         "to join it) before it fails (default 600)")
+                         "to join it) before it fails (default 600; on fixed hosts, without "
+                         "--host-discovery-script, it fails at once: no host can come)")
     el.add_argument("--reset-limit", type=int, metavar="N",
                     help="most resets (re-formed rounds) before the job fails (default: none)")
     el.add_argument("--blacklist-cooldown-range", type=int, nargs=2, metavar=("MIN", "MAX"),

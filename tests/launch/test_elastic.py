@@ -166,6 +166,21 @@ def test_fewer_than_min_np_fails_after_the_elastic_timeout(tmp_path):
     assert not any(w.proc.poll() is None for w in d.workers)  # nothing left running
 
 
+def test_fewer_than_min_np_on_fixed_hosts_fails_at_once(tmp_path):
+    # No discovery script: no worker starts after the first round, so the driver does not
+    # wait --elastic-timeout for a host that cannot come.
+    lines = []
+    d = driver(SIM + ["1", B + ":0"], 2, 2, 2, None, lines, hosts={A: 1, B: 1},
+               elastic_timeout=120)
+    start = time.monotonic()
+    with pytest.raises(ElasticError, match=r"only 1 ranks remain \(localhost:0\), fewer than "
+                                           r"--min-np 2, and the hosts are fixed .* none can "
+                                           r"come \(worker 127.0.0.1:0 ended with exit code 3"):
+        d.run()
+    assert time.monotonic() - start < 15
+    assert not any(w.proc.poll() is None for w in d.workers)  # nothing left running
+
+
 def test_reset_limit(tmp_path):
     script, _ = discovery(tmp_path, [A + ":1", B + ":1", C + ":1"])
     lines = []
