@@ -15,7 +15,8 @@ where ``f_j`` is 1 if job j keeps its current allocation or is not running, and 
 Pollux's restart factor ``max(age - restarts * cost, 0) / (age + cost)``, ``cost`` being the
 pause one reallocation costs (Pollux: a flat 30 s checkpoint-restart; here the measured
 in-process resize pause). Pollux also charges a queued job's start; a start costs its pause
-whenever it happens, and a job just submitted (age 0) would never be worth starting. The
+whenever it happens, and a job just submitted (age 0) would never be worth starting
+(``charge_start=True`` charges it as Pollux does: for comparing searches on one objective). The
 power mean of ``s_j + 1e-3`` is, for p < 0, a decreasing function of ``sum (s_j + 1e-3)^p``: the
 objective is a sum of one term per job, which is what makes a greedy search work.
 
@@ -100,8 +101,9 @@ class Policy(object):
     old is not kept from growing by a pause of seconds; 0 is Pollux's rule."""
 
     def __init__(self, p=-1.0, restart_cost=30.0, max_hosts_per_job=16,
-                 avoid_interference=True, time_limit=0.5, horizon=0.0):
+                 avoid_interference=True, time_limit=0.5, horizon=0.0, charge_start=False):
         self.p = float(p)
+        self.charge_start = bool(charge_start)
         self.restart_cost = float(restart_cost)
         self.horizon = float(horizon)
         self.max_hosts_per_job = int(max_hosts_per_job)
@@ -134,7 +136,8 @@ class Policy(object):
             alloc = allocation.get(key, [])
             counts = _counts(alloc)
             s = job.speedup(len(counts), len(alloc)) * share if alloc else 0.0
-            if current.get(key) and counts != _counts(current[key]):
+            if (current.get(key) or self.charge_start) and counts != _counts(
+                    current.get(key, [])):
                 s *= restart_factor(job, self.restart_cost, self.horizon)
             total += self.utility(s)
         return self.power_mean(total, len(jobs))
@@ -175,7 +178,8 @@ class Policy(object):
         allowed) and min..max replicas, each on the fewest hosts that hold it. Only a running
         job pays the restart factor for a change (a queued job's start costs its pause
         whenever it starts)."""
-        factor = restart_factor(job, self.restart_cost, self.horizon) if running else 1.0
+        factor = (restart_factor(job, self.restart_cost, self.horizon)
+                  if running or self.charge_start else 1.0)
         top = min(job.max_replicas, widest * min(self.max_hosts_per_job, n_hosts))
         base_r = len(base) if base else None
         base_hosts = len(set(base)) if base else None

@@ -220,6 +220,14 @@ def test_power_mean_and_objective_by_hand():
     swapped = {"x": ["b", "b"], "y": ["a", "a"]}
     assert policy.objective(jobs, hosts, swapped, alloc) == pytest.approx(s + 1e-3)
     assert policy.objective(jobs, hosts, {}, alloc) == pytest.approx(1.001)
+    # charge_start=True (Pollux's objective): a start is charged as a restart is; a job just
+    # submitted (age 0) is then worth nothing started, and is left queued.
+    pollux = Policy(p=-1.0, restart_cost=10.0, charge_start=True)
+    assert pollux.objective(jobs, hosts, {}, alloc) == pytest.approx(s + 1e-3)
+    assert pollux.objective(jobs, hosts, alloc, alloc) == pytest.approx(1.001)
+    new = {"x": JobInfo(speedup(1.0, 0.0), max_replicas=2, age=0)}
+    assert pollux.optimize(new, hosts, {}) == {"x": []}
+    assert len(policy.optimize(new, hosts, {})["x"]) == 2
     # p = 0: the geometric mean; one job queued pulls it to sqrt(1.001 * 0.001).
     geometric = Policy(p=0.0, restart_cost=10.0)
     assert geometric.objective(jobs, hosts, alloc, {"x": ["a", "a"]}) == \
