@@ -20,6 +20,9 @@
 #   ./bench.sh --compression-only
 #                              only the gradient compression figures across test hosts
 #                              (C1/C2, about 18 minutes)
+#   ./bench.sh --scheduler-only
+#                              only the goodput scheduler against FCFS on the test bed's Ray
+#                              cluster (SCHED1, about 27 minutes)
 # Nothing here is a test: a missed target is reported, not failed. A wrong result (every
 # benchmark checks its sums and parameters) exits non-zero.
 set -euo pipefail
@@ -29,6 +32,7 @@ horovod=1
 hosts=1
 only_hosts=0
 compression_only=0
+scheduler_only=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) quick=1; shift ;;
@@ -36,7 +40,8 @@ while [[ $# -gt 0 ]]; do
     --no-hosts) hosts=0; shift ;;
     --hosts-only) hosts=1; only_hosts=1; shift ;;
     --compression-only) hosts=1; only_hosts=1; compression_only=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --scheduler-only) hosts=1; only_hosts=1; scheduler_only=1; shift ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -236,6 +241,7 @@ if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT;
     # host for the scaling figure: each has a core of its own, so what it loses is network.
     HOSTRUN=(scripts/testbed.sh exec hvd-h1 mpirun --allow-run-as-root --bind-to none
              --map-by slot --mca mpi_yield_when_idle 1)
+    if ((!scheduler_only)); then
     compression_runs=$(mktemp)
     for rate in 1gbit 10gbit; do
       if ((!compression_only)); then
@@ -303,8 +309,9 @@ PY
     done
     python3 examples/bench/compression_summary.py < "$compression_runs"
     rm -f "$compression_runs"
+    fi  # !scheduler_only
 
-    if ((!compression_only)); then
+    if ((!compression_only && !scheduler_only)); then
       # Adaptive training resized in process (FIGURE RS1): tests/multihost/elastic's 2 -> 4 -> 3
       # -> 2 job (examples/adaptive_train.py with Adam, hosts added and removed by the discovery
       # script), three times; each run's pauses from the last step at the old size to the
@@ -332,7 +339,8 @@ print("FIGURE RS1 name=adaptive_resize_pause runs=%d median_s=[%s] all_s=[%.2f, 
                               "yes" if runs and len(runs) == 3 and max(medians) <= 2.0 else "no"))
 PY
       rm -f "$resize_report"
-
+    fi
+    if ((!compression_only)); then
       # The goodput scheduler against the static FCFS baseline (FIGURE SCHED1): 12 adaptive
       # jobs arriving by a Poisson process over about 10 minutes on the test bed's Ray cluster
       # (3 worker nodes x 2 CPUs), hvd-h4 killed 240 s into each run and its node restarted
@@ -350,7 +358,8 @@ PY
         scripts/testbed.sh ray down > /dev/null
       fi
       scripts/testbed.sh down > /dev/null
-
+    fi
+    if ((!compression_only && !scheduler_only)); then
       # Autotuning when the link changes (FIGURE A3): 2 hosts x 1 rank at 10 Gbit/s, the MLP with
       # HOROVOD_AUTOTUNE=1; once its search has ended and it has scored 3 samples at its values
       # (the reference a re-tune is judged against), both links drop to 1 Gbit/s (bounded wait:
@@ -393,7 +402,7 @@ PY
     fi  # !compression_only
   fi
   # NCCL builds; skips, saying so, without a GPU.
-  if ((!compression_only)) && [[ -x build/examples/bench/nccl_bench ]]; then
+  if ((!compression_only && !scheduler_only)) && [[ -x build/examples/bench/nccl_bench ]]; then
     echo "# CUDA tensors: horovod_cpp's NCCL path vs raw NCCL calls (one rank per GPU)"
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
     mpirun -np "$(( gpus > 0 ? gpus : 1 ))" --bind-to none build/examples/bench/nccl_bench
