@@ -125,12 +125,14 @@ class PolicyAdapter(object):
         self.seconds.append(time.perf_counter() - start)
         self.rounds += 1
         if self.compare_ga and self.rounds % self.compare_ga == 0 and jobs:
-            self._compare(jobs, nodes, prev_allocations, allocation)
+            self._compare(jobs, nodes, prev_allocations, allocation,
+                          (infos, slots, current))
         return {k: v for k, v in allocation.items() if v}, len(nodes)
 
-    def _compare(self, jobs, nodes, prev_allocations, ours):
+    def _compare(self, jobs, nodes, prev_allocations, ours, inputs):
         """Pollux's genetic algorithm on the same inputs; both allocations valued by Pollux's
-        own objective (its Problem, with its restart cost of 30 s)."""
+        own objective (its Problem, with its restart cost of 30 s). ``inputs``: the policy's, as
+        optimize made them."""
         import pollux
         ga = pollux.PolluxPolicy()
         start = time.perf_counter()
@@ -140,8 +142,7 @@ class PolicyAdapter(object):
         # The search alone, on the GA's exact objective: the policy charging a queued job's
         # start as Pollux does (charge_start), at the GA's 30 s.
         start = time.perf_counter()
-        exact = Policy(p=-1.0, restart_cost=30.0, charge_start=True).optimize(
-            *self.inputs(jobs, nodes, prev_allocations))
+        exact = Policy(p=-1.0, restart_cost=30.0, charge_start=True).optimize(*inputs)
         exact_seconds = time.perf_counter() - start
         value_ours = pollux_value(jobs, nodes, prev_allocations, ours)
         value_ga = pollux_value(jobs, nodes, prev_allocations, theirs)

@@ -177,7 +177,7 @@ class Policy(object):
         """The job's options: [(replicas, utility changed, utility kept or None)] for 0 (where
         allowed) and min..max replicas, each on the fewest hosts that hold it. Only a running
         job pays the restart factor for a change (a queued job's start costs its pause
-        whenever it starts)."""
+        whenever it starts), unless ``charge_start``."""
         factor = (restart_factor(job, self.restart_cost, self.horizon)
                   if running or self.charge_start else 1.0)
         top = min(job.max_replicas, widest * min(self.max_hosts_per_job, n_hosts))

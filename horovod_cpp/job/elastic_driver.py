@@ -442,12 +442,13 @@ class ElasticDriver(object):
             # (A worker draining from a removed slot is no member of the next round: counting
             # it formed rounds of 0 ranks, which no newcomer could join. Newcomers still
             # starting join the round after, once they are up.)
-            joinable = self.joinable(self.starting())
+            starting = self.starting()
+            joinable = self.joinable(starting)
             if len(joinable) < self.min_np:
+                live = self.live_workers()
                 remain = "only %d ranks remain (%s), fewer than --min-np %d" % (
-                    len(self.live_workers()),
-                    ", ".join(w.id for w in self.live_workers()) or "none", self.min_np)
-                if not self.discovering() and not self.starting():
+                    len(live), ", ".join(w.id for w in live) or "none", self.min_np)
+                if not self.discovering() and not starting:
                     # Fixed hosts (-H, no discovery): no worker is started after the first
                     # round, so waiting --elastic-timeout could change nothing.
                     raise ElasticError("%s, and the hosts are fixed (-H without "
