@@ -259,6 +259,7 @@ TORCH_LAYERS = [
     # stage-1/2 ShardedOptimizer, which names nothing above it)
     ["sharding.common"],
     ["sharding.flat"],
+    ["sharding.deferred"],
     ["sharding.elastic"],
     ["sharding.optimizer"],
     ["sharding.model"],

@@ -99,7 +99,7 @@ class FlatBuffer(object):
     """One unit's parameters of one dtype, device and requires_grad, as one flat buffer of
     which this rank stores the slice [start, end)."""
 
-    def __init__(self, index, unit, params, names, size, rank):
+    def __init__(self, index, unit, params, names, size, rank, deferred=()):
         self.index = index
         self.unit = unit
         self.params = params
@@ -111,10 +111,12 @@ class FlatBuffer(object):
         self.device = params[0].device
         self.trainable = params[0].requires_grad
         self.start, self.end = shard_range(self.length, size, rank)
-        with torch.no_grad():
-            whole = torch.cat([p.detach().reshape(-1) for p in params])
-            self.shard = whole[self.start:self.end].clone()
-        del whole
+        # Each parameter's part of the slice, copied from it (a deferred one's, the ids in
+        # ``deferred``, when it is initialised: fill).
+        self.shard = torch.empty(self.end - self.start, dtype=self.dtype, device=self.device)
+        for i, p in enumerate(params):
+            if id(p) not in deferred:
+                self.fill(i, p.detach())
         # The gathered parameters live in `full`; its storage is freed between uses (views of
         # it that autograd saved for backward are filled again before the backward runs).
         self.full = torch.empty(self.length, dtype=self.dtype, device=self.device)
@@ -130,6 +132,16 @@ class FlatBuffer(object):
     def view(self, flat, i):
         off = self.offsets[i]
         return flat[off:off + self.numels[i]].view(self.shapes[i])
+
+    def fill(self, i, whole):
+        """Copies the part of parameter i (``whole``: all of it) that lies in this rank's
+        slice into the slice."""
+        begin = self.offsets[i]
+        lo, hi = max(begin, self.start), min(begin + self.numels[i], self.end)
+        if lo < hi:
+            with torch.no_grad():
+                self.shard[lo - self.start:hi - self.start].copy_(
+                    whole.reshape(-1)[lo - begin:hi - begin])
 
     @property
     def label(self):

@@ -39,6 +39,7 @@ from horovod_cpp.torch.collectives import _reducescatter_async, allgather_async
 from horovod_cpp.torch.grad_hooks import register_grad_ready_hook
 from horovod_cpp.torch.process_sets import global_process_set
 from horovod_cpp.torch.sharding.common import SliceStats, check_gradient, check_saved_ranks
+from horovod_cpp.torch.sharding.deferred import initialise, is_deferred, make_placeholders
 from horovod_cpp.torch.sharding.flat import (FlatBuffer, copy_overlap, empty_like,
                                              resize_storage, shard_range, storage_bytes)
 from horovod_cpp.torch.tensor_bridge import poll, synchronize
@@ -82,7 +83,8 @@ class _Unit(object):
 class ShardedModel(object):
     """The sharding of one model (``model._hvd_sharded``); made by ``shard_model``."""
 
-    def __init__(self, model, auto_wrap, process_set, op, backward_passes_per_step, prefetch):
+    def __init__(self, model, auto_wrap, process_set, op, backward_passes_per_step, prefetch,
+                 param_init_fn=None, device=None):
         if op not in (Average, Sum):
             raise HorovodNotSupportedError("shard_model supports op=Average and op=Sum")
         if backward_passes_per_step <= 0:
@@ -95,7 +97,14 @@ class ShardedModel(object):
         self.backward_passes_per_step = backward_passes_per_step
         self.prefetch = prefetch
         self.size, self.rank = process_set.size(), process_set.rank()
-        self.units = self._make_units(model, auto_wrap)
+        meta, deferred = is_deferred(model), (set(), [])
+        device = torch.device(device if device is not None else "cpu")
+        if meta:
+            deferred = make_placeholders(model, device)
+        elif param_init_fn is not None:
+            raise ValueError("shard_model: param_init_fn initialises a model built on the meta "
+                             "device (or under hvd.sharded_init()); this one is built already")
+        self.units = self._make_units(model, auto_wrap, deferred[0])
         self.flats = [f for u in self.units for f in u.flats]
         self.stats = SliceStats()  # adaptive training: the flats' gradient norms
         self._flat_index = {id(f): k for k, f in enumerate(self.flats)}
@@ -106,6 +115,9 @@ class ShardedModel(object):
                 self.flat_of[p] = (f, i)
                 self.names[p] = name
                 p._hvd_sharding = self
+        if meta:
+            initialise(model, deferred, lambda p, whole: self.flat_of[p][0].fill(
+                self.flat_of[p][1], whole), process_set, param_init_fn, device)
         self.order = []          # units in the order of the last forward
         self._recording = []
         self._depth = 0
@@ -141,7 +153,7 @@ class ShardedModel(object):
         raise ValueError("auto_wrap must be None, module classes, a callable(module) -> bool, "
                          "or a minimum number of parameters; got %r" % (auto_wrap,))
 
-    def _make_units(self, model, auto_wrap):
+    def _make_units(self, model, auto_wrap, deferred):
         units = [_Unit(0, model, "")]
         parent = {}       # unit index -> its parent unit's index
         unit_of = {}      # id(wrapped module) -> its unit's index
@@ -191,7 +203,8 @@ class ShardedModel(object):
                 ps = kinds[kind]
                 if any(p.is_sparse for p in ps):
                     raise HorovodNotSupportedError("shard_model: sparse parameters")
-                u.flats.append(FlatBuffer(index, u, ps, [names[p] for p in ps], size, rank))
+                u.flats.append(FlatBuffer(index, u, ps, [names[p] for p in ps], size, rank,
+                                          deferred))
                 index += 1
         return units
 
@@ -548,16 +561,26 @@ class ShardedModel(object):
 
 
 def shard_model(model, auto_wrap=None, process_set=global_process_set, op=Average,
-                backward_passes_per_step=1, prefetch=True):
+                backward_passes_per_step=1, prefetch=True, param_init_fn=None, device=None):
     """Shards ``model``'s parameters over the ranks of ``process_set`` (in place; returns the
     model). ``auto_wrap``: which submodules gather and free their parameters on their own: a
     set of module classes, a callable ``fn(module) -> bool``, or a minimum number of
-    parameters; None: the whole model is one unit. Every rank must start from the same
-    parameters (broadcast them first). Use with ``ShardedOptimizer(..., stage=3)``."""
+    parameters; None: the whole model is one unit. Use with ``ShardedOptimizer(...,
+    stage=3)``.
+
+    A built model: every rank must start from the same parameters (broadcast them first).
+    A model built on the meta device (``torch.device("meta")``, or under
+    ``hvd.sharded_init()``) is never whole: each module in turn is initialised on the CPU by
+    its ``reset_parameters()``, or by ``param_init_fn(module)`` when given (which must set the
+    module's own parameters and buffers, real but unset when it is called), from rank 0's
+    random state, and each rank keeps its slices, on ``device`` (default: the CPU). The same
+    seed gives the same parameters as building the model whole, at any world size, when the
+    model's modules are built in the order of ``model.modules()``."""
     if getattr(model, "_hvd_sharded", None) is not None:
         raise ValueError("shard_model: this model is sharded already")
     model._hvd_sharded = ShardedModel(model, auto_wrap, process_set, op,
-                                      backward_passes_per_step, prefetch)
+                                      backward_passes_per_step, prefetch, param_init_fn,
+                                      device)
     return model
 
 
