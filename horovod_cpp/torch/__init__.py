@@ -30,7 +30,8 @@ from horovod_cpp.torch.functions import (allgather_object, broadcast_object,
                                          broadcast_optimizer_state, broadcast_parameters)
 from horovod_cpp.torch.tensor_bridge import poll, synchronize
 from horovod_cpp.torch.optimizer import DistributedOptimizer
-from horovod_cpp.torch.sharding import ShardedOptimizer, shard_model, sharded_init, sharding_of
+from horovod_cpp.torch.sharding import (ShardedOptimizer, dcp, shard_model, sharded_init,
+                                        sharding_of)
 from horovod_cpp.torch.process_sets import (ProcessSet, add_process_set, global_process_set,
                                             remove_process_set)
 from horovod_cpp.torch.sync_batch_norm import SyncBatchNorm
@@ -52,6 +53,6 @@ __all__ = [
     "stop_timeline", "HorovodInternalError", "HorovodNotSupportedError",
     "HorovodPreconditionError", "Compression", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object", "DistributedOptimizer",
-    "ShardedOptimizer", "shard_model", "sharded_init", "sharding_of",
+    "ShardedOptimizer", "dcp", "shard_model", "sharded_init", "sharding_of",
     "SyncBatchNorm", "elastic", "HostsUpdatedInterrupt",
 ]

@@ -264,6 +264,7 @@ TORCH_LAYERS = [
     ["sharding.optimizer"],
     ["sharding.model"],
     ["sharding.stage3"],
+    ["sharding.dcp"],
     ["sharding"],
     ["elastic", "elastic.sampler", "elastic.state"],
     # adaptive training: the shared state, the measurements, the loader, the controller

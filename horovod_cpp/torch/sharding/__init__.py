@@ -12,12 +12,15 @@ One concept per module, each importing only the ones before it:
 * ``elastic``: commits with a replica on another host, and the reshard after a resize;
 * ``optimizer``: ``ShardedOptimizer``, stages 1 and 2;
 * ``model``: ``shard_model``, the stage-3 model wrapper and its hooks;
-* ``stage3``: stage 3's optimizer, registered as ``ShardedOptimizer``'s stage 3.
+* ``stage3``: stage 3's optimizer, registered as ``ShardedOptimizer``'s stage 3;
+* ``dcp``: checkpoints of the models and optimizers above in PyTorch's distributed-checkpoint
+  format (``hvd.dcp.save`` / ``hvd.dcp.load``).
 """
 from horovod_cpp.torch.sharding.optimizer import ShardedOptimizer
 from horovod_cpp.torch.sharding.deferred import sharded_init
 from horovod_cpp.torch.sharding.model import ShardedModel, shard_model, sharding_of
 from horovod_cpp.torch.sharding.stage3 import FullyShardedOptimizer
+from horovod_cpp.torch.sharding import dcp
 
-__all__ = ["ShardedOptimizer", "FullyShardedOptimizer", "ShardedModel", "shard_model",
+__all__ = ["dcp", "ShardedOptimizer", "FullyShardedOptimizer", "ShardedModel", "shard_model",
            "sharded_init", "sharding_of"]

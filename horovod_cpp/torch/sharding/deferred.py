@@ -130,7 +130,7 @@ def initialise(model, placeholders, fill, process_set, param_init_fn=None, devic
 def sharded_init():
     """Builds the modules made inside the block on the meta device, holding no memory, for
     ``hvd.shard_model`` to initialise slice by slice (see its ``param_init_fn``). The random
-    state is that of the block's start again at its end: seed before the block.
+    state is that of the block's start again at its end: seed before the block::
 
         with hvd.sharded_init():
             model = Transformer(config)
