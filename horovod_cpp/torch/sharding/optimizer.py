@@ -544,12 +544,16 @@ class ShardedOptimizer(ElasticShards, torch.optim.Optimizer):
             self._consolidated = self._full_state(states)
 
     def state_dict(self):
-        """The full state gathered by the last ``consolidate_state_dict()`` (on its rank)."""
+        """The full state gathered by the last ``consolidate_state_dict()`` (on its rank),
+        handed over: the optimizer keeps nothing of it (a second call needs another
+        consolidation)."""
         if self._consolidated is None:
             raise RuntimeError("ShardedOptimizer.state_dict(): the state is sharded; every rank "
                                "must call optimizer.consolidate_state_dict(to=...) first, and "
-                               "state_dict() then returns it on that rank (this one has none)")
-        return self._consolidated
+                               "state_dict() then returns it once on that rank (this one has "
+                               "none)")
+        full, self._consolidated = self._consolidated, None
+        return full
 
     def _check_loaded_groups(self, state_dict):
         """A full state's parameter groups, checked against this optimizer's."""
