@@ -501,6 +501,10 @@ def test_a_lost_rank_loses_nothing_committed(stage, lost):
             assert state.epoch == 1
             took = opt._elastic_reshard(process_set=survivors)
             assert took >= 0
+            # Only this rank's new slices travelled to it (Adam's two moments over them, each
+            # piece 8-byte aligned), not the buckets whole.
+            mine = sum(2 * (b.end - b.start) * b.flat.element_size() for b in opt._buckets)
+            assert mine <= opt.reshard_bytes <= mine + 2 * 8 * n * len(opt._buckets)
             assert all(torch.equal(p, q) for p, q in zip(model.parameters(), committed_params))
             assert_state_identical(full_state(opt), committed)
             continue_and_check(model, opt, survivors, committed_params, first, "adam")

@@ -7,8 +7,9 @@ import time
 import torch
 
 from horovod_cpp.torch.basics import Sum
-from horovod_cpp.torch.collectives import allgather, allreduce, alltoall
+from horovod_cpp.torch.collectives import allreduce, alltoall
 from horovod_cpp.torch.functions import allgather_object
+from horovod_cpp.torch.sharding.flat import shard_range
 
 
 class ElasticShards(object):
@@ -17,7 +18,8 @@ class ElasticShards(object):
     ``agreed_commit``, ``_holders``, and the hooks: ``_elastic_slices()`` ({key: {name: value}}
     of this rank's slices), ``_hyperparameters()``, ``_install(slices, hypers)``,
     ``_elastic_relayout(hypers)`` (a layout over ``_size`` ranks, this rank ``_rank``),
-    ``_elastic_keys()`` and ``_elastic_reslice(key, old slices, old size)``."""
+    ``_elastic_keys()`` and ``_elastic_length(key)`` (the elements of the flat buffer ``key``,
+    split over the ranks as ``shard_range`` splits it)."""
 
     #
     # A commit keeps this rank's slice state and a replica of it on one other rank (on another
@@ -129,6 +131,30 @@ class ElasticShards(object):
                 record["rank"] == self._rank:
             self._install(self._copy_slices(record["slices"][self._rank]), record["hypers"])
 
+    def _new_slice(self, key, pieces, olds):
+        """This rank's new slice of ``key`` (None when no old slice had state): per-element
+        state from the ``pieces`` [(start, {name: tensor})] that overlap it (zeros elsewhere),
+        the rest from the old slices ``olds`` [(had state, {name: value}, {name: dtype of the
+        per-element state})], in old rank order: dicts merged (stage 3's per-parameter
+        scalars), anything else the first one's."""
+        if not any(present for present, _, _ in olds):
+            return None
+        start, end = shard_range(self._elastic_length(key), self._size, self._rank)
+        out = {}
+        for present, values, dtypes in olds:
+            for k, v in values.items():
+                if isinstance(v, dict):
+                    out.setdefault(k, {}).update(copy.deepcopy(v))
+                elif k not in out:
+                    out[k] = v.clone() if torch.is_tensor(v) else copy.deepcopy(v)
+            for k, dtype in dtypes.items():
+                if k not in out:
+                    out[k] = torch.zeros(end - start, dtype=dtype)
+        for lo, st in pieces:
+            for k, v in st.items():
+                out[k][lo - start:lo - start + v.numel()].copy_(v)
+        return out
+
     def _elastic_reshard(self, process_set=None):
         """Collective, on the re-formed job: agrees on the newest commit (``agreed_commit``),
         lays the buckets out over the job's ranks and gives each rank its new slice of that
@@ -171,23 +197,51 @@ class ElasticShards(object):
         self._size, self._rank = self.process_set.size(), self.process_set.rank()
         self._holders = None
         self._elastic_relayout(hypers)
-        me = self.process_set.rank()
+        me, size = self._rank, self._size
+        # Each old slice this rank provides, cut at the new slices' bounds: each range travels
+        # to its new owner alone (one alltoall); what is not per element (Adam's step, stage
+        # 3's per-parameter scalars) and the element state's dtypes go to every rank with the
+        # layouts (small, pickled).
+        sends = [{} for _ in range(size)]
+        small = {}
+        for key in self._elastic_keys():
+            length = self._elastic_length(key)
+            for old, provider_rank in provider.items():
+                if provider_rank != me:
+                    continue
+                st = mine["slices"][old].get(key, {})
+                olo, ohi = shard_range(length, old_size, old)
+                elem = {k: v for k, v in st.items()
+                        if torch.is_tensor(v) and v.dim() == 1 and v.numel() == ohi - olo}
+                small[(key, old)] = (bool(st), {k: v for k, v in st.items() if k not in elem},
+                                     {k: v.dtype for k, v in elem.items()})
+                for q in range(size):
+                    lo, hi = shard_range(length, size, q)
+                    lo, hi = max(lo, olo), min(hi, ohi)
+                    if elem and lo < hi:
+                        sends[q][(key, lo)] = {k: v[lo - olo:hi - olo] for k, v in elem.items()}
+        packed = [self._pack(sends[q]) for q in range(size)]
+        everyone = allgather_object(([h for h, _ in packed], small),
+                                    name="sharded.reshard.layout", process_set=self.process_set)
+        splits = torch.tensor([b.numel() for _, b in packed], dtype=torch.int32)
+        received, counts = alltoall(torch.cat([b for _, b in packed]), splits=splits,
+                                    name="sharded.reshard", process_set=self.process_set)
+        del packed, sends
+        self.reshard_bytes = int(received.numel())
+        pieces, offset = {}, 0
+        for src, n in enumerate(counts.tolist()):
+            for (key, lo), st in self._unpack(everyone[src][0][me],
+                                              received[offset:offset + n]).items():
+                pieces.setdefault(key, []).append((lo, st))
+            offset += n
+        smalls = {}
+        for _, theirs in everyone:
+            smalls.update(theirs)
         slices = {}
         for key in self._elastic_keys():
-            # The old slices this rank provides, as bytes (their layouts, small, pickled).
-            header, buffer = self._pack({old: mine["slices"][old].get(key, {})
-                                         for old, i in provider.items() if i == me})
-            headers = allgather_object(header, name="sharded.reshard.layout.%s" % (key,),
-                                       process_set=self.process_set)
-            gathered = allgather(buffer, name="sharded.reshard.%s" % (key,),
-                                 process_set=self.process_set)
-            pieces, offset = {}, 0
-            for h in headers:
-                pieces.update(self._unpack(h, gathered[offset:offset + h[2]]))
-                offset += h[2]
-            for old in range(old_size):
-                pieces.setdefault(old, {})
-            st = self._elastic_reslice(key, [pieces[old] for old in range(old_size)], old_size)
+            st = self._new_slice(key, pieces.get(key, []),
+                                 [smalls.get((key, old), (False, {}, {}))
+                                  for old in range(old_size)])
             if st is not None:
                 slices[key] = st
         self._install(slices, hypers)

@@ -233,12 +233,16 @@ class ShardedModel(object):
         self._start_gather(u, tag)
         with torch.no_grad():
             for f, h in u.handles:
-                out = h if torch.is_tensor(h) else self._wait(h)
-                resize_storage(f.full, f.length)
-                f.full.copy_(out)
-                del out
+                if self.size == 1:  # the slice is the whole buffer: no copy of it
+                    whole = f.shard
+                else:
+                    out = self._wait(h)
+                    resize_storage(f.full, f.length)
+                    f.full.copy_(out)
+                    del out
+                    whole = f.full
                 for i, p in enumerate(f.params):
-                    p.data = f.view(f.full, i)
+                    p.data = f.view(whole, i)
         u.handles = []
         u.gathered = True
 
@@ -496,7 +500,7 @@ class ShardedModel(object):
         try:
             yield self.model
         finally:
-            if writeback:
+            if writeback and self.size > 1:  # (at one rank the parameters are the slice)
                 with torch.no_grad():
                     for f in self.flats:
                         f.shard.copy_(f.full[f.start:f.end])

@@ -31,8 +31,6 @@ schedulers work), ``params`` are this rank's slices, plus, in group 0, one 1-ele
 whose gradient is +inf when any rank's slice has a non-finite gradient (0 otherwise): AMP's
 ``GradScaler`` reads the gradients through ``param_groups``, so its inf/NaN check sees every
 shard and every rank skips the same steps. It costs one 4-byte allreduce per step."""
-import copy
-
 import torch
 
 from horovod_cpp.torch.basics import Average, HorovodNotSupportedError, Sum
@@ -45,7 +43,7 @@ from horovod_cpp.torch.sharding.common import (SliceStats, check_gradient,
                                                clip_slices_by_global_norm, is_element_state,
                                                nonfinite_flag_grad)
 from horovod_cpp.torch.sharding.elastic import ElasticShards
-from horovod_cpp.torch.sharding.flat import Bucket, shard_range
+from horovod_cpp.torch.sharding.flat import Bucket
 from horovod_cpp.torch.tensor_bridge import poll, synchronize
 
 
@@ -640,25 +638,8 @@ class ShardedOptimizer(ElasticShards, torch.optim.Optimizer):
                 b.grad_flat = torch.zeros_like(b.flat)
         self._build_inner(hypers)
 
-    def _elastic_reslice(self, key, old_slices, old_size):
-        """This rank's new slice of bucket ``key`` from the old ranks' slices (in old rank
-        order)."""
-        b = self._buckets[key]
-        present = [s for s in old_slices if s]
-        if not present:
-            return None
-        out = {}
-        for k, v in present[0].items():
-            if k != "step" and torch.is_tensor(v) and v.dim() == 1:
-                whole = []
-                for old, s in enumerate(old_slices):
-                    lo, hi = shard_range(b.length, old_size, old)
-                    whole.append(s[k] if s else
-                                 torch.zeros(hi - lo, dtype=v.dtype, device=v.device))
-                out[k] = torch.cat(whole)[b.start:b.end].clone()
-            else:
-                out[k] = v.clone() if torch.is_tensor(v) else copy.deepcopy(v)
-        return out
+    def _elastic_length(self, key):
+        return self._buckets[key].length
 
     # ---- accounting -----------------------------------------------------------------------
 

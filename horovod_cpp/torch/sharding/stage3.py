@@ -10,7 +10,7 @@ from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.functions import allgather_object
 from horovod_cpp.torch.sharding.common import (check_saved_ranks, clip_slices_by_global_norm,
                                                is_element_state, nonfinite_flag_grad)
-from horovod_cpp.torch.sharding.flat import copy_overlap, shard_range
+from horovod_cpp.torch.sharding.flat import copy_overlap
 from horovod_cpp.torch.sharding.optimizer import ShardedOptimizer
 
 
@@ -300,25 +300,8 @@ class FullyShardedOptimizer(ShardedOptimizer):
         self.sharding.relayout(self.process_set)
         self._build_inner(hypers)
 
-    def _elastic_reslice(self, key, old_slices, old_size):
-        f = self.sharding.flats[key]
-        present = [sl for sl in old_slices if sl]
-        if not present:
-            return None
-        out = {"scalars": {}}
-        for sl in present:
-            for pi, entry in sl.get("scalars", {}).items():
-                out["scalars"].setdefault(pi, {}).update(entry)
-        for k, v in present[0].items():
-            if k == "scalars":
-                continue
-            new = torch.zeros(f.end - f.start, dtype=v.dtype, device=f.device)
-            for old, sl in enumerate(old_slices):
-                if sl and k in sl:
-                    lo, hi = shard_range(f.length, old_size, old)
-                    copy_overlap(new, f.start, f.end, sl[k], lo, hi)
-            out[k] = new
-        return out
+    def _elastic_length(self, key):
+        return self.sharding.flats[key].length
 
     def _install(self, slices, hypers):
         """Makes {flat index: slice} (the parameters' slice, per-element state over it, and
