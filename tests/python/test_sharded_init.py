@@ -55,7 +55,11 @@ class Scaled(torch.nn.Module):
 
 
 MODELS = {"tied": lambda: TinyLM(), "untied": lambda: TinyLM(tied=False),
-          "tied_in_the_middle": TiedInTheMiddle, "normed": Normed}
+          "tied_in_the_middle": TiedInTheMiddle, "normed": Normed,
+          # nn.MultiheadAttention: its out_proj and its own parameters initialised together,
+          # as building it does
+          "encoder_layer": lambda: torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0,
+                                                                     batch_first=True)}
 
 
 def built_whole(make, seed=SEED):

@@ -59,6 +59,35 @@ _ONLY_OWN = ("an initialisation may set only the module's own parameters and buf
              "others are not there yet; give shard_model a param_init_fn(module) that does")
 
 
+def _attention_init(module):
+    """nn.MultiheadAttention as building it initialises it: its out_proj (built first, inside
+    its __init__), then its own _reset_parameters (which also zeroes out_proj's bias)."""
+    module.out_proj.reset_parameters()
+    module._reset_parameters()
+
+
+# Modules whose initialisation sets submodules' parameters too, as building them does: their
+# type -> (those submodules' names, the initialisation). Initialised together, in one piece.
+_TOGETHER = {torch.nn.MultiheadAttention: (("out_proj",), _attention_init)}
+
+
+def _groups(model, param_init_fn):
+    """[(the module whose initialisation runs, the modules it sets)] in model.modules()'
+    order."""
+    covered, out = set(), []
+    for module in model.modules():
+        if id(module) in covered:
+            continue
+        together = _TOGETHER.get(type(module)) if param_init_fn is None else None
+        members = [module]
+        if together is not None:
+            members += [getattr(module, c) for c in together[0] if getattr(module, c, None)
+                        is not None]
+            covered.update(id(m) for m in members[1:])
+        out.append((module, members))
+    return out
+
+
 def initialise(model, placeholders, fill, process_set, param_init_fn=None, device="cpu"):
     """Initialises the deferred parameters (``placeholders``: what make_placeholders gave) and
     the meta buffers of ``model``, module by module; ``fill(placeholder, whole)`` keeps this
@@ -70,34 +99,35 @@ def initialise(model, placeholders, fill, process_set, param_init_fn=None, devic
     names = {id(m): n for n, m in model.named_modules()}
     done = set()
     with torch.no_grad():
-        for module in model.modules():
-            own = [(n, p) for n, p in module._parameters.items()
+        for module, members in _groups(model, param_init_fn):
+            own = [(m, n, p) for m in members for n, p in m._parameters.items()
                    if p is not None and id(p) in deferred]
-            bufs = [(n, b) for n, b in module._buffers.items() if _is_meta(b)]
+            bufs = [(m, n, b) for m in members for n, b in m._buffers.items() if _is_meta(b)]
             if not own and not bufs:
                 continue
             where = "%s (%s)" % (names[id(module)] or "the model", type(module).__name__)
-            init = param_init_fn or getattr(module, "reset_parameters", None)
+            together = _TOGETHER.get(type(module)) if len(members) > 1 else None
+            init = param_init_fn or (together[1] if together else None) or \
+                getattr(module, "reset_parameters", None)
             if init is None:
                 raise ValueError(
                     "shard_model: %s has parameters or buffers on the meta device (%s) and no "
                     "reset_parameters(); give shard_model a param_init_fn(module) that "
                     "initialises a module's own parameters and buffers"
-                    % (where, ", ".join(n for n, _ in own + bufs)))
-            whole = {}
-            for n, p in own:
-                whole[n] = torch.empty(p.shape, dtype=p.dtype)
-                _unset(whole[n])
-                module._parameters[n] = torch.nn.Parameter(whole[n],
-                                                           requires_grad=p.requires_grad)
-            for n, b in bufs:
-                module._buffers[n] = torch.empty(b.shape, dtype=b.dtype, device=device)
-                _unset(module._buffers[n])
+                    % (where, ", ".join(n for _, n, _ in own + bufs)))
+            whole = []
+            for m, n, p in own:
+                whole.append(torch.empty(p.shape, dtype=p.dtype))
+                _unset(whole[-1])
+                m._parameters[n] = torch.nn.Parameter(whole[-1], requires_grad=p.requires_grad)
+            for m, n, b in bufs:
+                m._buffers[n] = torch.empty(b.shape, dtype=b.dtype, device=device)
+                _unset(m._buffers[n])
             for base in bases:  # (written to by the initialisation: another's parameter)
                 _unset(base)
             try:
-                if param_init_fn is not None:
-                    param_init_fn(module)
+                if param_init_fn is not None or together:
+                    init(module)
                 else:
                     init()
             except RuntimeError as e:
@@ -106,24 +136,24 @@ def initialise(model, placeholders, fill, process_set, param_init_fn=None, devic
                 raise RuntimeError("shard_model: initialising %s failed: %s (%s)"
                                    % (where, e, _ONLY_OWN)) from e
             finally:
-                for n, p in own:
-                    module._parameters[n] = p
+                for m, n, p in own:
+                    m._parameters[n] = p
             if any(not _left_unset(b) for b in bases if b.is_floating_point()):
                 raise RuntimeError("shard_model: initialising %s set parameters of other "
                                    "modules (%s)" % (where, _ONLY_OWN))
-            unset = [n for n, _ in own if _left_unset(whole[n])] + \
-                [n for n, _ in bufs if _left_unset(module._buffers[n])]
+            unset = [n for (_, n, _), t in zip(own, whole) if _left_unset(t)] + \
+                [n for m, n, _ in bufs if _left_unset(m._buffers[n])]
             if unset:
                 raise ValueError(
                     "shard_model: %s's %s left %s uninitialised; give shard_model a "
                     "param_init_fn(module) that initialises a module's own parameters and "
                     "buffers" % (where, "param_init_fn" if param_init_fn else
                                  "reset_parameters()", ", ".join(unset)))
-            for n, p in own:
+            for (_, _, p), t in zip(own, whole):
                 if id(p) not in done:  # (a tied one: the first module's initialisation)
                     done.add(id(p))
-                    fill(p, whole[n])
-            whole.clear()
+                    fill(p, t)
+            del whole
 
 
 @contextlib.contextmanager
