@@ -260,6 +260,16 @@ Result<Handle> EnqueueAllgather(const TensorView& input, const std::string& name
                                 int32_t process_set_id = kGlobalProcessSetId,
                                 StatusCallback callback = nullptr);
 
+// EnqueueAllgather writing the result straight into `output` (host memory, contiguous, the
+// input's dtype), when its size is the gathered result's; a caller that knows every rank's
+// rows saves the runtime's buffer and a copy. Of another size, the result goes to a buffer of
+// the runtime's as EnqueueAllgather's (every rank still takes part: no rank waits), and
+// WaitOutputs tells which by its data pointer.
+Result<Handle> EnqueueAllgatherInto(const TensorView& input, const TensorView& output,
+                                    const std::string& name,
+                                    int32_t process_set_id = kGlobalProcessSetId,
+                                    StatusCallback callback = nullptr);
+
 // Sends splits[d] rows of dim 0 to rank d of the set (empty splits: dim 0 split evenly, which
 // must divide). The result (rows received from every rank, in rank order) and the received
 // splits come from WaitOutputs.

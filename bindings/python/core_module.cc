@@ -371,6 +371,11 @@ PYBIND11_MODULE(_core, m) {
     PyCallSite at;
     return Get(hvd::EnqueueAllgather(ToView(in), name, ps));
   });
+  m.def("allgather_into_async",
+        [](const PyTensor& in, const PyTensor& out, const std::string& name, int ps) {
+          PyCallSite at;
+          return Get(hvd::EnqueueAllgatherInto(ToView(in), ToView(out), name, ps));
+        });
   m.def("grouped_allgather_async",
         [](const std::vector<PyTensor>& ins, const std::string& name, int ps) {
           PyCallSite at;

@@ -271,17 +271,24 @@ Result<TensorTableEntry> AllreduceEntry(const TensorView& input, const TensorVie
 }
 
 Result<TensorTableEntry> AllgatherEntry(const TensorView& input, const std::string& name,
-                                        int32_t process_set_id) {
+                                        int32_t process_set_id,
+                                        const TensorView& output = TensorView{}) {
   const std::string what = "allgather '" + name + "'";
+  const bool into = output.data != nullptr;
   HVD_RETURN_IF_ERROR(CheckName(what, name));
-  HVD_RETURN_IF_ERROR(CheckTensor(what, input, nullptr, /*allow_bool=*/true, true));
+  HVD_RETURN_IF_ERROR(
+      CheckTensor(what, input, into ? &output : nullptr, /*allow_bool=*/true, true));
   if (input.shape.empty()) {
     return Status::InvalidArgument(what +
                                    ": a scalar cannot be gathered; the tensor needs at "
                                    "least one dimension");
   }
+  if (into && output.device != kCpuDevice) {
+    return Status::InvalidArgument(what + ": a given output must be in host memory (it is on " +
+                                   DeviceToString(output.device) + ")");
+  }
   HVD_RETURN_IF_ERROR(MemberSet(what, process_set_id).status());
-  return NewEntry(OpType::kAllgather, name, process_set_id, input, TensorView{});
+  return NewEntry(OpType::kAllgather, name, process_set_id, input, output);
 }
 
 Result<TensorTableEntry> ReducescatterEntry(const TensorView& input, const TensorView& output,
@@ -399,6 +406,19 @@ Result<Handle> EnqueueAllgather(const TensorView& input, const std::string& name
   HVD_ASSIGN_OR_RETURN(
       TensorTableEntry e,
       AllgatherEntry(input, NameOrDefault(name, OpType::kAllgather), process_set_id));
+  return SubmitOne(std::move(e), std::move(callback));
+}
+
+Result<Handle> EnqueueAllgatherInto(const TensorView& input, const TensorView& output,
+                                    const std::string& name, int32_t process_set_id,
+                                    StatusCallback callback) {
+  HVD_RETURN_IF_ERROR(CheckRunning());
+  if (output.data == nullptr && NumElements(output.shape) != 0) {
+    return Status::InvalidArgument("allgather '" + name + "': the output's data pointer is null");
+  }
+  HVD_ASSIGN_OR_RETURN(
+      TensorTableEntry e,
+      AllgatherEntry(input, NameOrDefault(name, OpType::kAllgather), process_set_id, output));
   return SubmitOne(std::move(e), std::move(callback));
 }
 

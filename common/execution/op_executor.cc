@@ -346,9 +346,15 @@ Status OpExecutor::ExecuteAllgather(const Response& r, const Set& set,
   // rows(t, q): first dimension rank q of the set contributed to tensor t.
   auto rows = [&](size_t t, size_t q) { return r.rank_sizes[t * n + q]; };
   // Allocate every result: dim 0 is the sum over ranks; the other dims are this rank's.
+  // (A caller-given output of the result's size, EnqueueAllgatherInto, is the result itself.)
   for (size_t t = 0; t < count; ++t) {
     TensorTableEntry& e = entries[t];
-    e.result->data = results_.Allocate(ShapeResult(e, r.dtype, AllgatherRows(r, t, set.size)));
+    const int64_t bytes = ShapeResult(e, r.dtype, AllgatherRows(r, t, set.size));
+    if (e.output.data != nullptr && NumElements(e.output.shape) * elem == bytes) {
+      e.result->data = std::shared_ptr<void>(e.output.data, [](void*) {});
+    } else {
+      e.result->data = results_.Allocate(bytes);
+    }
   }
   // Like broadcast: a tensor worth a call of its own (its gathered size at least the chunk
   // size, or alone) is gathered straight from its input into its result, with no copies; the

@@ -233,6 +233,19 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     return register(handle, "outputs", source, None)
 
 
+def _allgather_into_async(tensor, output, name=None, process_set=global_process_set):
+    """allgather_async writing the result into ``output`` (contiguous, on the CPU, the
+    tensor's dtype; its size the gathered result's, else a copy into it or, of another number
+    of elements, a ValueError from synchronize on this rank alone)."""
+    check_tensor(tensor, "allgather", allow_bool=True)
+    source = tensor.contiguous()
+    if not output.is_contiguous():
+        raise ValueError("allgather into a given output: the output must be contiguous")
+    handle = _core.allgather_into_async(describe(source), describe(output),
+                                        op_name("allgather", name), process_set_id(process_set))
+    return register(handle, "into", source, output)
+
+
 class HorovodAllgather(torch.autograd.Function):
     """Allgather with autograd: the gradient is this rank's slice of the averaged gradient."""
 

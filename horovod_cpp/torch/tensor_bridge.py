@@ -189,6 +189,14 @@ def synchronize(handle):
         return result(outputs)
     if kind == "outputs":
         return outputs[0]
+    if kind == "into":  # result: the caller's output (allgather_into)
+        got = outputs[0]
+        if got.numel() and got.data_ptr() != result.data_ptr():
+            if got.numel() != result.numel():
+                raise ValueError("allgather into a given output: the output has %d elements, "
+                                 "the gathered result %d" % (result.numel(), got.numel()))
+            result.view(-1).copy_(got.view(-1))
+        return result
     if kind == "outputs_list":
         return outputs
     return outputs[0], torch.tensor(raw[0][3], dtype=torch.int32)  # alltoall

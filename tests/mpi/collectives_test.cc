@@ -65,6 +65,48 @@ TEST(Allgather, VariableFirstDimensionEveryDtype) {
   }
 }
 
+TEST(Allgather, IntoAGivenOutputOfTheResultsSizeWritesItThereAndOtherwiseNot) {
+  // Rank r contributes r + 1 rows of 3; the output is the result's size (every rank knows
+  // it): the result is the output itself. Small (fused with the next) and large (alone)
+  // tensors; then an output one row short: the result in the runtime's buffer, the output
+  // untouched, and every rank done (no rank waits).
+  const int64_t rows = N() * (N() + 1) / 2;
+  for (int64_t cols : {int64_t{3}, int64_t{1} << 18}) {
+    std::vector<float> in((R() + 1) * cols), out(rows * cols, -1.0f), short_out(
+        (rows - 1) * cols, -1.0f);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = R() * 1000.0f + static_cast<float>(i % 997);
+    const std::string tag = std::to_string(cols);
+    auto h1 = EnqueueAllgatherInto(View(in.data(), {R() + 1, cols}), View(out.data(), {rows, cols}),
+                                   "into.fits." + tag);
+    auto h2 = EnqueueAllgatherInto(View(in.data(), {R() + 1, cols}),
+                                   View(short_out.data(), {rows - 1, cols}), "into.short." + tag);
+    ASSERT_TRUE(h1.ok()) << h1.status().ToString();
+    ASSERT_TRUE(h2.ok()) << h2.status().ToString();
+    Result<std::vector<Output>> o1 = WaitOutputs(*h1), o2 = WaitOutputs(*h2);
+    ASSERT_TRUE(o1.ok()) << o1.status().ToString();
+    ASSERT_TRUE(o2.ok()) << o2.status().ToString();
+    EXPECT_EQ(o1->front().data.get(), static_cast<void*>(out.data()));
+    EXPECT_EQ(o1->front().shape, (TensorShape{rows, cols}));
+    EXPECT_NE(o2->front().data.get(), static_cast<void*>(short_out.data()));
+    int64_t row = 0;
+    for (int r = 0; r < N(); ++r) {
+      for (int64_t i = 0; i <= r; ++i, ++row) {
+        for (int64_t j = 0; j < cols; j += cols > 3 ? 4099 : 1) {
+          const float want = r * 1000.0f + static_cast<float>((i * cols + j) % 997);
+          ASSERT_EQ(out[row * cols + j], want) << "rank " << r << " row " << i;
+          ASSERT_EQ(static_cast<const float*>(o2->front().data.get())[row * cols + j], want);
+        }
+      }
+    }
+    for (float v : short_out) ASSERT_EQ(v, -1.0f);
+  }
+  // An output on another device than the input is refused at once, on the calling rank.
+  std::vector<float> in(2), out(2 * N());
+  TensorView device = View(out.data(), {2 * N()});
+  device.device = 0;
+  EXPECT_FALSE(EnqueueAllgatherInto(View(in.data(), {2}), device, "into.device").ok());
+}
+
 TEST(Allgather, ZeroRowsOnSomeRanksAndGroupedAllgather) {
   // Rank r contributes r rows (rank 0 none) to two tensors gathered as one group.
   std::vector<float> a(R() * 2), b(R() * 4);

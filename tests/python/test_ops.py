@@ -492,3 +492,27 @@ def test_a_rank_computing_longer_than_the_grace_is_not_a_deadlock():
     if hvd.rank() == hvd.size() - 1:
         time.sleep(3)  # longer than the 2 s grace, but computing, not waiting
     assert hvd.allreduce(torch.ones(2), op=hvd.Sum, name="late").tolist() == [hvd.size()] * 2
+
+
+def test_allgather_into_a_given_output():
+    """The core writes the gathered result into a given output of its size (stage 3's
+    gathers); of another size the result comes back in the core's buffer and synchronize
+    raises on that rank alone (every rank took part: none waits)."""
+    from horovod_cpp.torch.collectives import _allgather_into_async
+    n, r = hvd.size(), hvd.rank()
+    x = torch.full((r + 1, 3), float(r))
+    rows = n * (n + 1) // 2
+    want = torch.cat([torch.full((q + 1, 3), float(q)) for q in range(n)])
+    out = torch.empty(rows, 3)
+    assert hvd.synchronize(_allgather_into_async(x, out, name="into.fits")) is out
+    assert torch.equal(out, want)
+    flat = torch.empty(rows * 3)  # (the same size, another shape: the same bytes)
+    assert torch.equal(hvd.synchronize(_allgather_into_async(x, flat, name="into.flat")),
+                       want.reshape(-1))
+    short = torch.zeros(rows - 1, 3)
+    handle = _allgather_into_async(x, short, name="into.short")
+    with pytest.raises(ValueError, match="the output has %d elements, the gathered result %d"
+                       % (short.numel(), rows * 3)):
+        hvd.synchronize(handle)
+    assert not short.any()
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == n  # nothing stuck

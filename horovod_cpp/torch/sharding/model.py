@@ -35,7 +35,7 @@ import contextlib
 import torch
 
 from horovod_cpp.torch.basics import Average, HorovodNotSupportedError, Sum
-from horovod_cpp.torch.collectives import _reducescatter_async, allgather_async
+from horovod_cpp.torch.collectives import _allgather_into_async, _reducescatter_async
 from horovod_cpp.torch.grad_hooks import register_grad_ready_hook
 from horovod_cpp.torch.process_sets import global_process_set
 from horovod_cpp.torch.sharding.common import SliceStats, check_gradient, check_saved_ranks
@@ -220,9 +220,10 @@ class ShardedModel(object):
         for f in u.flats:
             if self.size == 1:
                 u.handles.append((f, f.shard))
-            else:
-                u.handles.append((f, allgather_async(
-                    f.shard, name="sharded3.gather.%s.%s" % (f.label, tag),
+            else:  # straight into the unit's storage (the core takes it as its output)
+                resize_storage(f.full, f.length)
+                u.handles.append((f, _allgather_into_async(
+                    f.shard, f.full, name="sharded3.gather.%s.%s" % (f.label, tag),
                     process_set=self.process_set)))
 
     def _gather(self, u, tag):
@@ -236,11 +237,7 @@ class ShardedModel(object):
                 if self.size == 1:  # the slice is the whole buffer: no copy of it
                     whole = f.shard
                 else:
-                    out = self._wait(h)
-                    resize_storage(f.full, f.length)
-                    f.full.copy_(out)
-                    del out
-                    whole = f.full
+                    whole = self._wait(h)  # f.full, filled by the core
                 for i, p in enumerate(f.params):
                     p.data = f.view(whole, i)
         u.handles = []
@@ -281,11 +278,11 @@ class ShardedModel(object):
         self.in_flight = False
 
     def _free(self, u):
-        if not u.gathered:
-            return
+        """Frees unit u's gathered storage (none of its gathers may be in flight)."""
         for f in u.flats:
-            for p in f.params:
-                p.data = empty_like(p)
+            if u.gathered:
+                for p in f.params:
+                    p.data = empty_like(p)
             resize_storage(f.full, 0)
         u.gathered = False
 
@@ -456,8 +453,15 @@ class ShardedModel(object):
         """Forgets the step under way (after a job reset, whose collectives are gone): drops
         every handle without waiting, frees every unit."""
         for u in self.units:
+            dropped = [h for _, h in u.handles if not torch.is_tensor(h)]
             u.handles, u.awaiting = [], None
-            self._free(u)
+            if dropped:  # (their storage stays: a gather dropped unwaited may still write it)
+                for f in u.flats:
+                    for p in f.params:
+                        p.data = empty_like(p)
+                u.gathered = False
+            else:
+                self._free(u)
         for f in self.flats:
             f.handles, f.arrived, f.launched, f.grad_full, f.direct = [], set(), 0, None, False
             f.shard_grad = None
