@@ -202,31 +202,19 @@ class ElasticShards(object):
         # to its new owner alone (one alltoall); what is not per element (Adam's step, stage
         # 3's per-parameter scalars) and the element state's dtypes go to every rank with the
         # layouts (small, pickled).
-        sends = [{} for _ in range(size)]
+        sends = {}  # (destination, key, start) -> {name: the range}, destinations in order
         small = {}
-        for key in self._elastic_keys():
-            length = self._elastic_length(key)
-            for old, provider_rank in provider.items():
-                if provider_rank != me:
-                    continue
-                st = mine["slices"][old].get(key, {})
-                olo, ohi = shard_range(length, old_size, old)
-                elem = {k: v for k, v in st.items()
-                        if torch.is_tensor(v) and v.dim() == 1 and v.numel() == ohi - olo}
-                small[(key, old)] = (bool(st), {k: v for k, v in st.items() if k not in elem},
-                                     {k: v.dtype for k, v in elem.items()})
-                for q in range(size):
-                    lo, hi = shard_range(length, size, q)
-                    lo, hi = max(lo, olo), min(hi, ohi)
-                    if elem and lo < hi:
-                        sends[q][(key, lo)] = {k: v[lo - olo:hi - olo] for k, v in elem.items()}
-        packed = [self._pack(sends[q]) for q in range(size)]
-        everyone = allgather_object(([h for h, _ in packed], small),
-                                    name="sharded.reshard.layout", process_set=self.process_set)
-        splits = torch.tensor([b.numel() for _, b in packed], dtype=torch.int32)
-        received, counts = alltoall(torch.cat([b for _, b in packed]), splits=splits,
+        for q in range(size):
+            for key in self._elastic_keys():
+                self._cut(q, key, provider, mine, old_size, sends, small)
+        header, buffer = self._pack(sends)
+        del sends
+        layouts, splits = self._regions(header, size)
+        everyone = allgather_object((layouts, small), name="sharded.reshard.layout",
+                                    process_set=self.process_set)
+        received, counts = alltoall(buffer, splits=torch.tensor(splits, dtype=torch.int32),
                                     name="sharded.reshard", process_set=self.process_set)
-        del packed, sends
+        del buffer
         self.reshard_bytes = int(received.numel())
         pieces, offset = {}, 0
         for src, n in enumerate(counts.tolist()):
@@ -246,3 +234,41 @@ class ElasticShards(object):
                 slices[key] = st
         self._install(slices, hypers)
         return time.perf_counter() - started
+
+    def _cut(self, q, key, provider, mine, old_size, sends, small):
+        """The ranges of the old slices of ``key`` that this rank provides and new rank ``q``'s
+        slice overlaps, into ``sends``; what is not per element, into ``small`` (once)."""
+        length, size, me = self._elastic_length(key), self._size, self._rank
+        for old, provider_rank in provider.items():
+            if provider_rank != me:
+                continue
+            st = mine["slices"][old].get(key, {})
+            olo, ohi = shard_range(length, old_size, old)
+            elem = {k: v for k, v in st.items()
+                    if torch.is_tensor(v) and v.dim() == 1 and v.numel() == ohi - olo}
+            if (key, old) not in small:
+                # (a tensor cloned: a view of the commit's buffer would pickle all of it)
+                small[(key, old)] = (bool(st), {k: v.clone() if torch.is_tensor(v) else v
+                                                for k, v in st.items() if k not in elem},
+                                     {k: v.dtype for k, v in elem.items()})
+            lo, hi = shard_range(length, size, q)
+            lo, hi = max(lo, olo), min(hi, ohi)
+            if elem and lo < hi:
+                sends[(q, key, lo)] = {k: v[lo - olo:hi - olo] for k, v in elem.items()}
+
+    @staticmethod
+    def _regions(header, size):
+        """The packed buffer's region of each destination (the entries are destination-major):
+        ([each destination's header, offsets from its region's start], the regions' bytes)."""
+        layout, _, total = header
+        starts, layouts = [total] * size, [{} for _ in range(size)]
+        for (q, key, lo), entries in layout.items():
+            starts[q] = min([starts[q]] + [e[2] for e in entries.values()])
+        for q in range(size - 2, -1, -1):  # (a destination with nothing: an empty region)
+            starts[q] = min(starts[q], starts[q + 1])
+        ends = starts[1:] + [total]
+        for (q, key, lo), entries in layout.items():
+            layouts[q][(key, lo)] = {k: (dtype, shape, off - starts[q], nbytes)
+                                     for k, (dtype, shape, off, nbytes) in entries.items()}
+        return ([(layouts[q], {}, ends[q] - starts[q]) for q in range(size)],
+                [ends[q] - starts[q] for q in range(size)])
