@@ -115,6 +115,8 @@ class AdaptiveState(object):
         if state.get("memory") is not None:
             c.memory = c.memory or MemoryModel(1.0, 0.0)
             c.memory.load_state_dict(state["memory"])
+            if c._own_memory is None:  # (a rank that joins: the mean's, until it has its own)
+                c._own_memory = (c.memory.budget, c.memory.base)
         c._fit = None  # a fit in flight on some ranks only: every rank starts the next alike
         c._hosts_unknown = True  # (counted again at the first step, by every rank)
         c._forget_pending()
@@ -175,6 +177,7 @@ class AdaptiveDataParallel(torch.nn.Module):
         # the new size ended with which configuration.
         self.resizes = []
         self.memory = None           # the micro-batch memory model (no upper bound given)
+        self._own_memory = None      # (this rank's budget, its base): the model's are the mean
         self._last_step_wall = None  # when the last step ended (time.time())
         self._resettable = True      # the memory high-water mark can be reset (_peak_memory)
         self._hosts = 1              # hosts of the job (_count_hosts)
@@ -215,6 +218,7 @@ class AdaptiveDataParallel(torch.nn.Module):
                 self._peak_memory()  # (resets the mark: the first step's peak is its own)
                 self.memory = MemoryModel(budget, base=self._current_memory(),
                                           monotone=not self._resettable)
+                self._own_memory = (self.memory.budget, self.memory.base)
 
     def _device(self):
         return next((p.device for p in self.module.parameters()), None)
@@ -372,10 +376,11 @@ class AdaptiveDataParallel(torch.nn.Module):
         """Drops the averaged values in flight (a reset ended the world they were sent in)."""
         self._outbox = None
         if self._pending is not None:
-            try:
-                synchronize(self._pending[0])
-            except Exception:  # noqa: BLE001  (aborted with the old world)
-                pass
+            for handle in self._pending[0]:
+                try:
+                    synchronize(handle)
+                except Exception:  # noqa: BLE001  (aborted with the old world)
+                    pass
         self._pending = None
 
     # ---- the step -------------------------------------------------------------------------
@@ -520,47 +525,59 @@ class AdaptiveDataParallel(torch.nn.Module):
         memory = self.memory if self._since_decision + 1 >= self.decide_every else None
         values = torch.tensor([norms[0] if norms else 0.0, 1.0 if norms else 0.0,
                                step_seconds, compute_seconds, fit_done,
-                               self._peak_memory() if memory else 0.0,
-                               memory.budget if memory else 0.0,
-                               memory.base if memory else 0.0], dtype=torch.float64)
+                               1.0 if memory else 0.0,
+                               self._own_memory[1] if memory else 0.0], dtype=torch.float64)
+        # The memory is decided by the worst rank (op Max, the same ranks sending it: a
+        # decision's step is every rank's): the highest peak above a rank's own base, and the
+        # least room between a rank's base and its budget (negated). Averaged, a rank whose
+        # peak grows more than the others' went past its own budget.
+        worst = torch.tensor([self._peak_memory() - self._own_memory[1],
+                              self._own_memory[1] - self._own_memory[0]],
+                             dtype=torch.float64) if memory else None
         meta = ((self._hosts, size(), self.atomic_bsz, micro - 1),
                 norms[1] if norms else None, norms[2] if norms else local_bsz, global_bsz,
                 step_seconds > 0 and full)
         if size() == 1:
-            self._apply(values.tolist(), meta)
+            self._apply(values.tolist(), meta, worst.tolist() if worst is not None else None)
         else:
-            self._outbox = (values, meta)
+            self._outbox = (values, worst, meta)
 
     def _flush(self):
         """Starts the allreduce of the values ``_send`` left (the optimizer calls it just
         before its first gradient reduction of a step)."""
         if self._outbox is None:
             return
-        values, meta = self._outbox
+        values, worst, meta = self._outbox
         self._outbox = None
-        handle = allreduce_async(values, name=self._stats_name, op=Average,
-                                 process_set=self.process_set)
-        self._pending = (handle, meta)
+        handles = [allreduce_async(values, name=self._stats_name, op=Average,
+                                   process_set=self.process_set)]
+        if worst is not None:
+            handles.append(allreduce_async(worst, name=self._stats_name + ".memory", op=Max,
+                                           process_set=self.process_set))
+        self._pending = (handles, meta)
 
     def _receive(self):
         """The previous step's averaged values into the noise scale and the profile."""
         self._flush()  # (a step with no reduction of its own: started here)
         if self._pending is None:
             return
-        handle, meta = self._pending
+        handles, meta = self._pending
         self._pending = None
-        self._apply(synchronize(handle).tolist(), meta)
+        got = [synchronize(h).tolist() for h in handles]
+        self._apply(got[0], meta, got[1] if len(got) > 1 else None)
 
-    def _apply(self, values, meta):
+    def _apply(self, values, meta, worst=None):
         config, glob, local_bsz, global_bsz, timed = meta
-        local, measured, step_seconds, compute_seconds, fit_done, peak, budget, base = values
+        local, measured, step_seconds, compute_seconds, fit_done, has_memory, base = values
         if glob is not None and measured == 1.0:  # every rank measured the step
             self.noise.update(local, glob, local_bsz, global_bsz)
         if timed:
             self.profile.record(*config, step_seconds, compute_seconds)
-        if self.memory is not None and peak > 0:  # (averaged over the ranks: decided alike)
-            self.memory.budget, self.memory.base = budget, base
-            self.memory.record(config[2], peak)
+        if self.memory is not None and has_memory > 0 and worst is not None:
+            # In the ranks' mean base: the worst rank's room above it, its growth above it.
+            growth, less_room = worst
+            self.memory.budget, self.memory.base = base - less_room, base
+            self.memory.record(config[2], base + growth)
         if self._fit is not None and fit_done == 1.0:
             self._fit[2] = True
         elif self._fit is None and self.noise.ready and len(self.profile):
