@@ -118,53 +118,57 @@ def _model_entries(model):
     return out
 
 
-def _optimizer_pieces(opt, names):
-    """[(fqn, the parameter's shape, lo, hi, p_lo, length, st)] for every parameter of ``opt``
-    on this rank: ``st`` the wrapped optimizer's state of the tensor it steps (a stage-3 piece,
-    a stage-1/2 bucket's slice), of ``length`` elements, whose [lo, hi) are the parameter's
-    elements [p_lo, p_lo + hi - lo)."""
+def _fqns(opt, names):
+    """{parameter: its name}: the sharded model's (stage 3), else the model's in ``names``, else
+    the one the optimizer was given."""
+    if opt.stage == 3:
+        return opt.sharding.names
+    return {p: names.get(id(p), opt._names[p]) for ps in opt._groups_params for p in ps}
+
+
+def _places(opt):
+    """[(parameter, its shape, key, length, lo, hi, p_lo, the state, at)] for every parameter
+    of ``opt`` with a part on this rank (stage 3) or in a bucket (stages 1-2): ``key`` the flat
+    buffer or bucket, whose slice here has ``length`` elements, of which [lo, hi) are the
+    parameter's elements [p_lo, p_lo + hi - lo) (lo == hi: none); ``state`` the wrapped
+    optimizer's state of the tensor it steps (a stage-3 piece, a bucket's slice), in which the
+    range starts at ``at``."""
     out = []
     if opt.stage == 3:
-        fqn = opt.sharding.names
         for pieces in opt._pieces:
             for pc in pieces:
-                if pc.tensor is None:
-                    continue
-                out.append((fqn[pc.param], pc.flat.shapes[pc.i], 0, pc.hi - pc.lo, pc.p_lo,
-                            pc.hi - pc.lo, opt.optim.state.get(pc.tensor, {})))
+                if pc.tensor is not None:
+                    f = pc.flat
+                    out.append((pc.param, f.shapes[pc.i], f.index, f.end - f.start, pc.lo,
+                                pc.hi, pc.p_lo, opt.optim.state.get(pc.tensor, {}), 0))
         return out
     for b in opt._buckets:
+        st = opt.optim.state.get(b.shard, {})
         for i, p in enumerate(b.params):
             begin = b.offsets[i]
             lo, hi = max(begin, b.start), min(begin + p.numel(), b.end)
-            out.append((names.get(id(p), opt._names[p]), p.shape, lo - b.start,
-                        max(lo, hi) - b.start, lo - begin, b.end - b.start,
-                        opt.optim.state.get(b.shard, {})))
+            out.append((p, p.shape, b.index, b.end - b.start, lo - b.start,
+                        max(lo, hi) - b.start, lo - begin, st, lo - b.start))
     return out
-
-
-def _is_element(v, length):
-    return torch.is_tensor(v) and v.dim() == 1 and v.shape[0] == length
 
 
 def _optimizer_entries(opt, names):
     """The optimizer's entries as get_optimizer_state_dict gives them: per parameter, its
     per-element state as this rank's Slices of it, its other state (Adam's step) as it is."""
-    state = {}
-    for fqn, shape, lo, hi, p_lo, length, st in _optimizer_pieces(opt, names):
+    state, fqn = {}, _fqns(opt, names)
+    for p, shape, _, length, lo, hi, p_lo, st, at in _places(opt):
+        steps = hi - lo if opt.stage == 3 else length  # (the stepped tensor's elements)
         for k, v in st.items():
-            if not _is_element(v, length):
-                state.setdefault(fqn, {})[k] = v
+            if not (torch.is_tensor(v) and v.dim() == 1 and v.shape[0] == steps):
+                state.setdefault(fqn[p], {})[k] = v
             elif hi > lo:
-                state.setdefault(fqn, {})[k] = Slices(shape, p_lo, p_lo + hi - lo, v[lo:hi])
+                state.setdefault(fqn[p], {})[k] = Slices(shape, p_lo, p_lo + hi - lo,
+                                                         v[at:at + hi - lo])
     return {"state": state, "param_groups": _param_groups(opt, names)}
 
 
 def _param_groups(opt, names):
-    if opt.stage == 3:
-        fqn = opt.sharding.names
-    else:
-        fqn = {p: names.get(id(p), opt._names[p]) for ps in opt._groups_params for p in ps}
+    fqn = _fqns(opt, names)
     return [dict(h, params=[fqn[p] for p in ps])
             for h, ps in zip(opt._hyperparameters(), opt._groups_params)]
 
@@ -403,22 +407,8 @@ def _optimizer_targets(opt, names, key, metadata, c):
         groups.append({h: None for h in saved})
         i += 1
     state, slices, scalars = {}, {}, []
-    index = opt._param_index()
-    if opt.stage == 3:
-        places = [(pc.param, pc.flat.shapes[pc.i], pc.flat.index, pc.flat.end - pc.flat.start,
-                   pc.lo, pc.hi, pc.p_lo) for pieces in opt._pieces for pc in pieces
-                  if pc.tensor is not None]
-        fqn_of = opt.sharding.names
-    else:
-        places = []
-        for b in opt._buckets:
-            for i, p in enumerate(b.params):
-                begin = b.offsets[i]
-                lo, hi = max(begin, b.start), min(begin + p.numel(), b.end)
-                places.append((p, p.shape, b.index, b.end - b.start, lo - b.start,
-                               max(lo, hi) - b.start, lo - begin))
-        fqn_of = {p: names.get(id(p), opt._names[p]) for ps in opt._groups_params for p in ps}
-    for p, shape, where, length, lo, hi, p_lo in places:
+    index, fqn_of = opt._param_index(), _fqns(opt, names)
+    for p, shape, where, length, lo, hi, p_lo, _, _ in _places(opt):
         fqn = fqn_of[p]
         saved = _saved_keys(metadata, "%s.state.%s." % (key, fqn))
         if not saved:
