@@ -84,15 +84,6 @@ class Slices(object):
         return self.data[start:start + n].view(sizes)
 
 
-def _piece(shape, begin, length, start, end, flat):
-    """The Slices of a parameter at [begin, begin + length) of a flat buffer of which this rank
-    holds [start, end) as ``flat`` (None when they do not overlap)."""
-    lo, hi = max(begin, start), min(begin + length, end)
-    if lo >= hi:
-        return None
-    return Slices(shape, lo - begin, hi - begin, flat[lo - start:hi - start])
-
-
 # ---- what each entry stands for -------------------------------------------------------------
 
 def _names(state):
@@ -111,8 +102,10 @@ def _model_entries(model):
     for k, v in model.state_dict(keep_vars=True).items():
         if id(v) in flat_of:
             f, i = flat_of[id(v)]
-            out[k] = _piece(f.shapes[i], f.offsets[i], f.numels[i], f.start, f.end, f.shard) \
-                or Slices(f.shapes[i], 0, 0, f.shard[:0])
+            lo, hi = f.part(i)
+            hi = max(lo, hi)
+            at = f.offsets[i] + lo - f.start
+            out[k] = Slices(f.shapes[i], lo, hi, f.shard[at:at + hi - lo])
         else:
             out[k] = v.detach()
     return out

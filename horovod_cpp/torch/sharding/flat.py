@@ -133,15 +133,21 @@ class FlatBuffer(object):
         off = self.offsets[i]
         return flat[off:off + self.numels[i]].view(self.shapes[i])
 
+    def part(self, i):
+        """(lo, hi): the elements of parameter i (flattened) in this rank's slice, which start
+        at lo + offsets[i] - start there; lo >= hi when there are none."""
+        begin = self.offsets[i]
+        return (max(begin, self.start) - begin,
+                min(begin + self.numels[i], self.end) - begin)
+
     def fill(self, i, whole):
         """Copies the part of parameter i (``whole``: all of it) that lies in this rank's
         slice into the slice."""
-        begin = self.offsets[i]
-        lo, hi = max(begin, self.start), min(begin + self.numels[i], self.end)
+        lo, hi = self.part(i)
         if lo < hi:
+            at = self.offsets[i] + lo - self.start
             with torch.no_grad():
-                self.shard[lo - self.start:hi - self.start].copy_(
-                    whole.reshape(-1)[lo - begin:hi - begin])
+                self.shard[at:at + hi - lo].copy_(whole.reshape(-1)[lo:hi])
 
     @property
     def label(self):

@@ -19,11 +19,11 @@ class _Piece(object):
 
     def __init__(self, param, flat, i):
         self.param, self.flat, self.i = param, flat, i
-        begin = flat.offsets[i]
-        lo, hi = max(begin, flat.start), min(begin + flat.numels[i], flat.end)
-        self.lo, self.hi = lo - flat.start, hi - flat.start    # in the slice
-        self.p_lo, self.p_hi = lo - begin, hi - begin          # in the parameter, flattened
-        self.tensor = torch.nn.Parameter(flat.shard[self.lo:self.hi]) if lo < hi else None
+        self.p_lo, self.p_hi = flat.part(i)                    # in the parameter, flattened
+        self.lo = flat.offsets[i] + self.p_lo - flat.start     # in the slice
+        self.hi = self.lo + self.p_hi - self.p_lo
+        self.tensor = torch.nn.Parameter(flat.shard[self.lo:self.hi]) \
+            if self.p_lo < self.p_hi else None
 
 
 @ShardedOptimizer.register_stage(3)
