@@ -40,6 +40,8 @@ constexpr int64_t kMaxCountPerCall = int64_t{1} << 30;
 // Reduce-scatters of at least this many bytes take RingReduceScatter (below: MPI's).
 constexpr int64_t kRingReduceScatterBytes = int64_t{1} << 20;
 constexpr int kRingTag = 7301;
+// RingReduceScatter's piece: its two buffers hold this many bytes each.
+constexpr int64_t kRingPieceBytes = int64_t{4} << 20;
 
 // Polite waiting: spin for kSpinTime, then sleep kMinSleep at a time until kShortSleepTime has
 // passed (a peer that is a little behind, e.g. a rank whose cycle started just before the
@@ -390,21 +392,32 @@ class MpiBackend final : public Backend {
       return Status::Internal("reducescatter: " + std::to_string(counts.size()) +
                               " counts for " + std::to_string(n) + " ranks");
     }
-    ring_in_.resize(static_cast<size_t>(std::max<int64_t>(largest, 1) * elem));
+    // The ring runs piece by piece (kRingPieceElements of each block at a time), so that its
+    // two buffers stay small whatever the tensor: a stage-3 unit of 200 MiB kept 2 x 50 MiB
+    // here for the rest of the job when they held whole blocks.
+    const int64_t piece = std::min(std::max<int64_t>(largest, 1), kRingPieceBytes / elem);
+    ring_in_.resize(static_cast<size_t>(piece * elem));
     ring_out_.resize(ring_in_.size());
     const int next = (r + 1) % n, prev = (r - 1 + n) % n;
-    for (int step = 0; step < n - 1; ++step) {
-      const int out_block = (r - step - 1 + 2 * n) % n, in_block = (r - step - 2 + 2 * n) % n;
-      // Step 0 passes this rank's own contribution; later steps the partial sum just made.
-      // The last step receives straight into the output; every step then adds this rank's
-      // contribution to what came in (the ops are commutative), and that is what goes out
-      // next.
-      const uint8_t* out = step == 0 ? in + displs[out_block] * elem : ring_out_.data();
-      uint8_t* sum = in_block == r ? static_cast<uint8_t*>(recv) : ring_in_.data();
-      HVD_RETURN_IF_ERROR(SendRecvBytes(out, counts[out_block] * elem, next, sum,
-                                        counts[in_block] * elem, prev, comm));
-      ops::ReduceInto(sum, in + displs[in_block] * elem, counts[in_block], dtype, op);
-      if (sum == ring_in_.data()) std::swap(ring_in_, ring_out_);
+    auto part = [&](int block, int64_t lo) {  // elements of `block` in the piece from lo
+      return std::clamp<int64_t>(counts[block] - lo, 0, piece);
+    };
+    for (int64_t lo = 0; lo < largest; lo += piece) {
+      for (int step = 0; step < n - 1; ++step) {
+        const int out_block = (r - step - 1 + 2 * n) % n, in_block = (r - step - 2 + 2 * n) % n;
+        // Step 0 passes this rank's own contribution; later steps the partial sum just made.
+        // The last step receives straight into the output; every step then adds this rank's
+        // contribution to what came in (the ops are commutative), and that is what goes out
+        // next.
+        const uint8_t* out =
+            step == 0 ? in + (displs[out_block] + lo) * elem : ring_out_.data();
+        uint8_t* sum = in_block == r ? static_cast<uint8_t*>(recv) + lo * elem : ring_in_.data();
+        const int64_t got = part(in_block, lo);
+        HVD_RETURN_IF_ERROR(SendRecvBytes(out, part(out_block, lo) * elem, next, sum,
+                                          got * elem, prev, comm));
+        ops::ReduceInto(sum, in + (displs[in_block] + lo) * elem, got, dtype, op);
+        if (sum == ring_in_.data()) std::swap(ring_in_, ring_out_);
+      }
     }
     return Status::OK();
   }
@@ -412,7 +425,10 @@ class MpiBackend final : public Backend {
   // MPI_Sendrecv of byte buffers, in calls of at most kMaxCountPerCall bytes.
   Status SendRecvBytes(const uint8_t* out, int64_t out_bytes, int to, uint8_t* in,
                        int64_t in_bytes, int from, MPI_Comm comm) {
-    for (int64_t done = 0; done < std::max(out_bytes, in_bytes); done += kMaxCountPerCall) {
+    // (One call at least: a rank sends and receives a message every ring step, also an empty
+    // one, so that no empty message waits to be taken for the next step's.)
+    for (int64_t done = 0; done == 0 || done < std::max(out_bytes, in_bytes);
+         done += kMaxCountPerCall) {
       const int o = static_cast<int>(std::clamp<int64_t>(out_bytes - done, 0, kMaxCountPerCall));
       const int i = static_cast<int>(std::clamp<int64_t>(in_bytes - done, 0, kMaxCountPerCall));
       HVD_MPI_CHECK(MPI_Sendrecv(out + std::min(done, out_bytes), o, MPI_BYTE, to, kRingTag,
