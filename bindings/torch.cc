@@ -1,5 +1,6 @@
 // horovod_cpp — Apache-2.0
 #include "bindings/torch.h"
+#include "bindings/torch_internal.h"
 
 #include <algorithm>
 #include <chrono>
@@ -29,19 +30,13 @@ struct HandleAccess {
   }
 };
 
+using internal::Bytes;
+using internal::Check;
+using internal::Get;
+using internal::ShardRange;
+using internal::Throw;
+
 namespace {
-
-[[noreturn]] void Throw(const Status& s) { throw Error(s); }
-
-void Check(const Status& s) {
-  if (!s.ok()) Throw(s);
-}
-
-template <typename T>
-T Get(Result<T> r) {
-  if (!r.ok()) Throw(r.status());
-  return std::move(r).value();
-}
 
 c10::ScalarType ScalarTypeOf(DataType t) {
   switch (t) {
@@ -165,7 +160,10 @@ bool TorchHandle::Poll() const { return Get(hvd::Poll(handle_)); }
   }
   Result<std::vector<Output>> out = WaitOutputs(h);
   keep_alive_.clear();
-  return FromOutput(Get(std::move(out)).front());
+  Output o = Get(std::move(out)).front();
+  // (Into a given output: the core wrote it, unless its size did not match the result's.)
+  if (result_.defined() && o.data.get() == result_.data_ptr()) return result_;
+  return FromOutput(o);
 }
 
 std::pair<::torch::Tensor, std::vector<int64_t>> TorchHandle::SynchronizeAlltoall() {
@@ -199,6 +197,14 @@ TorchHandle AllgatherAsync(const ::torch::Tensor& tensor, const std::string& nam
   ::torch::Tensor in = tensor.detach().contiguous();
   Handle h = Get(EnqueueAllgather(View(in), name, process_set_id));
   return HandleAccess::Make(h, TorchHandle::Kind::kOutput, {in}, {});
+}
+
+TorchHandle AllgatherIntoAsync(const ::torch::Tensor& tensor, ::torch::Tensor& output,
+                               const std::string& name, int32_t process_set_id) {
+  ::torch::Tensor in = tensor.detach().contiguous();
+  ::torch::Tensor out = InPlace(output, "allgather into");
+  Handle h = Get(EnqueueAllgatherInto(View(in), View(out), name, process_set_id));
+  return HandleAccess::Make(h, TorchHandle::Kind::kOutput, {in, out}, output);
 }
 
 TorchHandle BroadcastAsync(const ::torch::Tensor& tensor, int root_rank, const std::string& name,
@@ -810,21 +816,6 @@ void DistributedOptimizer::ZeroGrad() {
 
 // ---- ShardedOptimizer ---------------------------------------------------------------------------
 
-namespace {
-
-// [start, end) of rank `rank` of `size` in a bucket of `length` elements: reducescatter's split.
-std::pair<int64_t, int64_t> ShardRange(int64_t length, int size, int rank) {
-  const int64_t base = length / size, rem = length % size;
-  const int64_t start = rank * base + std::min<int64_t>(rank, rem);
-  return {start, start + base + (rank < rem ? 1 : 0)};
-}
-
-int64_t Bytes(const ::torch::Tensor& t) {
-  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
-}
-
-}  // namespace
-
 struct ShardedOptimizer::Param {
   ::torch::Tensor tensor;
   size_t bucket = 0;
@@ -852,7 +843,8 @@ ShardedOptimizer::ShardedOptimizer(
     : options_(options) {
   if (options_.stage != 1 && options_.stage != 2) {
     Throw(Status::InvalidArgument("stage must be 1 (optimizer state sharded) or 2 (gradients "
-                                  "too), got " + std::to_string(options_.stage)));
+                                  "too), got " + std::to_string(options_.stage) +
+                                  "; stage 3 is ShardedModel with FullyShardedOptimizer"));
   }
   if (options_.backward_passes_per_step <= 0) {
     Throw(Status::InvalidArgument("backward_passes_per_step must be > 0"));
@@ -1084,11 +1076,21 @@ void ShardedOptimizer::ZeroGrad() {
 
 double ShardedOptimizer::ClipGradNorm(double max_norm, double norm_type) {
   Synchronize();
+  std::vector<::torch::Tensor> slices;
+  for (auto& b : buckets_) slices.push_back(b->shard);
+  return internal::ClipSlicesByGlobalNorm(slices, max_norm, norm_type, options_.process_set_id,
+                                          "sharded.clip");
+}
+
+namespace internal {
+
+double ClipSlicesByGlobalNorm(const std::vector<::torch::Tensor>& slices, double max_norm,
+                              double norm_type, int32_t process_set_id, const std::string& name) {
   ::torch::NoGradGuard no_grad;
   const bool inf = std::isinf(norm_type);
   double local = 0;
-  for (auto& b : buckets_) {
-    const ::torch::Tensor& g = b->shard.grad();
+  for (const ::torch::Tensor& s : slices) {
+    const ::torch::Tensor& g = s.grad();
     if (!g.defined() || g.numel() == 0) continue;
     ::torch::Tensor d = g.to(::torch::kDouble);
     if (inf) {
@@ -1099,18 +1101,35 @@ double ShardedOptimizer::ClipGradNorm(double max_norm, double norm_type) {
   }
   ReduceOptions o;
   o.op = inf ? ReduceOp::kMax : ReduceOp::kSum;
-  o.process_set_id = options_.process_set_id;
-  double total = Allreduce(::torch::tensor({local}, ::torch::kDouble), "sharded.clip", o)
-                     .item<double>();
+  o.process_set_id = process_set_id;
+  double total = Allreduce(::torch::tensor({local}, ::torch::kDouble), name, o).item<double>();
   if (!inf) total = std::pow(total, 1.0 / norm_type);
   const double coef = max_norm / (total + 1e-6);
   if (coef < 1.0) {
-    for (auto& b : buckets_) {
-      if (b->shard.grad().defined()) b->shard.mutable_grad().mul_(coef);
+    for (const ::torch::Tensor& s : slices) {
+      if (s.grad().defined()) s.grad().mul_(coef);
     }
   }
   return total;
 }
+
+int64_t OptimizerStateBytes(const ::torch::optim::Optimizer& optimizer) {
+  int64_t bytes = 0;
+  for (const auto& item : optimizer.state()) {
+    const auto* state = item.second.get();
+    if (const auto* adam = dynamic_cast<const ::torch::optim::AdamParamState*>(state)) {
+      bytes += Bytes(adam->exp_avg()) + Bytes(adam->exp_avg_sq()) + Bytes(adam->max_exp_avg_sq());
+    } else if (const auto* adamw = dynamic_cast<const ::torch::optim::AdamWParamState*>(state)) {
+      bytes +=
+          Bytes(adamw->exp_avg()) + Bytes(adamw->exp_avg_sq()) + Bytes(adamw->max_exp_avg_sq());
+    } else if (const auto* sgd = dynamic_cast<const ::torch::optim::SGDParamState*>(state)) {
+      bytes += Bytes(sgd->momentum_buffer());
+    }
+  }
+  return bytes;
+}
+
+}  // namespace internal
 
 GradStats ShardedOptimizer::TakeGradStats() {
   if (options_.stats_group < 0) return GradStats{};
@@ -1139,18 +1158,7 @@ ShardedOptimizer::HeldBytes ShardedOptimizer::Held() const {
   if (options_.stage == 2) {
     for (const auto& p : params_) held.gradients += Bytes(p->tensor.grad());
   }
-  for (const auto& item : optimizer_->state()) {
-    const auto* state = item.second.get();
-    if (const auto* adam = dynamic_cast<const ::torch::optim::AdamParamState*>(state)) {
-      held.optimizer_state += Bytes(adam->exp_avg()) + Bytes(adam->exp_avg_sq()) +
-                              Bytes(adam->max_exp_avg_sq());
-    } else if (const auto* adamw = dynamic_cast<const ::torch::optim::AdamWParamState*>(state)) {
-      held.optimizer_state += Bytes(adamw->exp_avg()) + Bytes(adamw->exp_avg_sq()) +
-                              Bytes(adamw->max_exp_avg_sq());
-    } else if (const auto* sgd = dynamic_cast<const ::torch::optim::SGDParamState*>(state)) {
-      held.optimizer_state += Bytes(sgd->momentum_buffer());
-    }
-  }
+  held.optimizer_state = internal::OptimizerStateBytes(*optimizer_);
   return held;
 }
 

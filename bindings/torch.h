@@ -93,6 +93,11 @@ TorchHandle AllreduceAsync_(::torch::Tensor& tensor, const std::string& name = "
                             const ReduceOptions& options = {});
 TorchHandle AllgatherAsync(const ::torch::Tensor& tensor, const std::string& name = "",
                            int32_t process_set_id = kGlobalProcessSetId);
+// Allgather into `output` (contiguous, of the result's size: the inputs' dim 0 summed over the
+// ranks): the core writes it, no copy; Synchronize() returns `output`.
+TorchHandle AllgatherIntoAsync(const ::torch::Tensor& tensor, ::torch::Tensor& output,
+                               const std::string& name = "",
+                               int32_t process_set_id = kGlobalProcessSetId);
 TorchHandle BroadcastAsync(const ::torch::Tensor& tensor, int root_rank,
                            const std::string& name = "",
                            int32_t process_set_id = kGlobalProcessSetId);
@@ -370,6 +375,104 @@ class ShardedOptimizer {
   std::vector<std::unique_ptr<Param>> params_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
   int size_ = 1, rank_ = 0;
+  bool reduced_ = false;
+};
+
+// ---- stage 3: the parameters sharded too ----------------------------------------------------
+
+struct ShardedModelOptions {
+  ReduceOp op = ReduceOp::kAverage;  // Average or Sum
+  int backward_passes_per_step = 1;
+  int32_t process_set_id = kGlobalProcessSetId;
+};
+
+// The C++ counterpart of hvd.shard_model (stage 3; docs/sharding.md). Each unit's trainable
+// parameters are packed, per dtype, into a flat buffer of which rank r of N keeps slice r
+// (reducescatter's split); between uses a parameter holds no data (an empty tensor). LibTorch
+// has no module hooks, so the model's forward calls each unit through Run():
+//
+//   hvd::torch::ShardedModel sharded(*model, {model, model->encoder, model->head});
+//   hvd::torch::FullyShardedOptimizer opt(sharded, ShardedOptimizer::Of<torch::optim::AdamW>(
+//       torch::optim::AdamWOptions(1e-3)));
+//   // in the model's forward:
+//   auto h = sharded.Run(*encoder, [&] { return encoder->forward(x); });
+//
+// Run() gathers the unit (an allgather straight into its flat buffer), runs the function and
+// frees the unit again; a hook on the result gathers it again when backward reaches it, and
+// the unit is freed once its last gradient has been taken. A unit's gradients are packed as
+// they arrive and reduce-scattered as soon as the unit's are complete (every backward pass
+// when accumulating); this rank keeps the reduced gradient of its slice alone. A parameter
+// belongs to the innermost unit that holds it: a unit may contain others (the model itself
+// as the outermost: its parameters are those no other unit holds), and its Run() then encloses
+// theirs. Every trainable parameter of `model` must be in a unit; a parameter shared by two
+// units of which neither contains the other is refused. Parameters without requires_grad stay
+// whole on every rank. The gathers are not prefetched (horovod_cpp.torch's are). CPU tensors.
+class ShardedModel {
+ public:
+  ShardedModel(::torch::nn::Module& model,
+               const std::vector<std::shared_ptr<::torch::nn::Module>>& units,
+               ShardedModelOptions options = {});
+  ~ShardedModel();
+  ShardedModel(const ShardedModel&) = delete;
+  ShardedModel& operator=(const ShardedModel&) = delete;
+
+  // Runs `forward` with `unit`'s parameters whole (see above). Collective: every rank runs the
+  // same units in the same order.
+  ::torch::Tensor Run(const ::torch::nn::Module& unit,
+                      const std::function<::torch::Tensor()>& forward);
+  // Every trainable parameter, whole, by name (copies; collective): for checkpoints and checks.
+  std::vector<std::pair<std::string, ::torch::Tensor>> FullParameters();
+  // Starts the reductions that backward did not (a parameter without a gradient on this rank
+  // contributes zeros, as in DistributedOptimizer), waits for them; then SliceGradients() are
+  // this rank's slices of the reduced gradients. FullyShardedOptimizer calls it.
+  void FinishReductions();
+  // This rank's slices of the flat buffers (what the optimizer steps) and their gradients.
+  std::vector<::torch::Tensor> Slices() const;
+  void ZeroGrad();
+  bool ReductionsInFlight() const;
+  const ShardedModelOptions& options() const { return options_; }
+  int64_t ParameterBytes() const;  // slices and whatever is gathered now
+  int64_t GradientBytes() const;
+
+ private:
+  struct Flat;
+  struct Unit;
+  Unit& UnitOf(const ::torch::nn::Module& module);
+  void Gather(Unit& u, const std::string& tag);
+  void Free(Unit& u);
+  void BeforeBackward(Unit& u);
+  void OnGradient(Flat& f, size_t i, const ::torch::Tensor& grad);
+  void Launch(Flat& f);
+  void Drain(bool wait);
+  void Settle();  // frees what earlier hooks finished with (their accumulation has run since)
+
+  ShardedModelOptions options_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<Flat*> flats_;
+  std::vector<std::pair<::torch::Tensor, unsigned>> hooks_;
+  std::vector<Unit*> to_free_;
+  std::vector<::torch::Tensor> to_clear_;  // parameters whose grad() autograd just set
+  int size_ = 1, rank_ = 0;
+  bool in_flight_ = false;
+};
+
+// Steps a ShardedModel's slices with the wrapped optimizer (built by `make_optimizer` over
+// them, so its state covers this rank's slices alone); nothing is gathered after the step (the
+// next forward gathers what it uses). The C++ counterpart of ShardedOptimizer(stage=3).
+class FullyShardedOptimizer {
+ public:
+  FullyShardedOptimizer(ShardedModel& model, const ShardedOptimizer::Factory& make_optimizer);
+  void Synchronize(CallSite where = CallSite::Here());
+  void Step(CallSite where = CallSite::Here());
+  void ZeroGrad();
+  // As ShardedOptimizer::ClipGradNorm: by the norm of the whole gradient.
+  double ClipGradNorm(double max_norm, double norm_type = 2.0);
+  ::torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  ShardedOptimizer::HeldBytes Held() const;
+
+ private:
+  ShardedModel& model_;
+  std::shared_ptr<::torch::optim::Optimizer> optimizer_;
   bool reduced_ = false;
 };
 

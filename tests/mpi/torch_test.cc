@@ -543,6 +543,147 @@ TEST(TorchShardedOptimizer, MatchesOneProcessOnTheFullBatch) {
   }
 }
 
+// ---- stage 3: ShardedModel + FullyShardedOptimizer against one process on the full batch ----
+
+// Three layers; the model itself is a unit too (it holds c), enclosing the units a and b.
+struct Net3Impl : ::torch::nn::Module {
+  Net3Impl()
+      : a(register_module("a", ::torch::nn::Linear(5, 7))),
+        b(register_module("b", ::torch::nn::Linear(7, 7))),
+        c(register_module("c", ::torch::nn::Linear(7, 3))) {
+    to(::torch::kDouble);
+  }
+  // `run(unit, f)`: f() with the unit's parameters whole (ShardedModel::Run), or f().
+  using Runner = std::function<Tensor(const ::torch::nn::Module&, std::function<Tensor()>)>;
+  Tensor forward(const Tensor& x, const Runner& run) {
+    return run(*this, [&] {
+      Tensor h = ::torch::tanh(run(*a, [&] { return a(x); }));
+      h = ::torch::tanh(run(*b, [&] { return b(h); }));
+      return c(h);
+    });
+  }
+  ::torch::nn::Linear a, b, c;
+};
+TORCH_MODULE(Net3);
+
+Net3 MakeNet3() {
+  ::torch::manual_seed(23);
+  return Net3();
+}
+
+Tensor Loss3(Net3& model, const Tensor& x, const Tensor& y, const Net3Impl::Runner& run) {
+  return ::torch::nll_loss(::torch::log_softmax(model->forward(x, run), 1), y);
+}
+
+void CheckStage3AgainstOneProcess(const Factory& make, int passes, double max_norm) {
+  auto data = Batches(20, passes);
+  auto plain = [](const ::torch::nn::Module&, std::function<Tensor()> f) { return f(); };
+  Net3 ref = MakeNet3();
+  auto ref_opt = make(ref->parameters());
+  std::vector<std::map<std::string, Tensor>> want;
+  std::vector<double> want_norms;
+  for (auto& step : data) {
+    ref_opt->zero_grad();
+    for (auto& [x, y] : step) Loss3(ref, x, y, plain).backward();
+    if (max_norm > 0) {
+      want_norms.push_back(::torch::nn::utils::clip_grad_norm_(ref->parameters(), max_norm));
+    }
+    ref_opt->step();
+    std::map<std::string, Tensor> params;
+    for (const auto& item : ref->named_parameters()) params[item.key()] = item.value().clone();
+    want.push_back(params);
+  }
+  Net3 model = MakeNet3();
+  ht::ShardedModelOptions options;
+  options.backward_passes_per_step = passes;
+  ht::ShardedModel sharded(*model, {model.ptr(), model->a.ptr(), model->b.ptr()}, options);
+  ht::FullyShardedOptimizer opt(sharded, make);
+  auto run = [&](const ::torch::nn::Module& unit, std::function<Tensor()> f) {
+    return sharded.Run(unit, f);
+  };
+  // Between uses a parameter holds nothing (at one rank it is a view of the whole slice).
+  for (const Tensor& p : model->parameters()) EXPECT_EQ(p.numel() == 0, N() > 1);
+  const int64_t lo = R() * 4, hi = lo + 4;
+  int clipped = 0;
+  for (size_t s = 0; s < data.size(); ++s) {
+    opt.ZeroGrad();
+    for (auto& [x, y] : data[s]) {
+      Loss3(model, x.slice(0, lo, hi), y.slice(0, lo, hi), run).backward();
+    }
+    if (max_norm > 0) {
+      double norm = opt.ClipGradNorm(max_norm);
+      ASSERT_NEAR(norm, want_norms[s], 1e-9 * want_norms[s]) << "step " << s;
+      clipped += norm > max_norm;
+    }
+    opt.Step();
+    auto got = sharded.FullParameters();
+    ASSERT_EQ(got.size(), want[s].size());
+    for (const auto& [name, t] : got) {
+      ASSERT_TRUE(t.allclose(want[s].at(name), 1e-9, 1e-11))
+          << "step " << s << " " << name << ": " << (t - want[s].at(name)).abs().max().item<double>();
+    }
+  }
+  if (max_norm > 0) {
+    EXPECT_GT(clipped, 5);  // the clipping did clip
+  }
+  // Flats: the model's own (c: 24 doubles), a (42), b (56). This rank holds its slices, their
+  // gradients and their state, nothing gathered.
+  int64_t mine = 0;
+  for (int64_t length : {24, 42, 56}) mine += length / N() + (R() < length % N() ? 1 : 0);
+  auto held = opt.Held();
+  EXPECT_EQ(held.parameters, 8 * mine);
+  EXPECT_EQ(held.gradients, 8 * mine);
+  EXPECT_TRUE(held.optimizer_state == 8 * mine || held.optimizer_state == 16 * mine)
+      << held.optimizer_state << " for " << mine << " elements";
+  // Evaluation (no gradients) gathers and frees too; the result is the one-process model's.
+  ::torch::NoGradGuard no_grad;
+  Tensor x = data[0][0].first;
+  auto plain_ref = [](const ::torch::nn::Module&, std::function<Tensor()> f) { return f(); };
+  EXPECT_TRUE(model->forward(x, run).allclose(ref->forward(x, plain_ref), 1e-9, 1e-11));
+  EXPECT_EQ(opt.Held().parameters, 8 * mine);
+}
+
+TEST(TorchStage3, MatchesOneProcessOnTheFullBatch) {
+  for (int passes : {1, 2}) {
+    for (double max_norm : {0.0, 0.05}) {
+      SCOPED_TRACE("passes " + std::to_string(passes) + " max_norm " + std::to_string(max_norm));
+      CheckStage3AgainstOneProcess(SgdMomentum(), passes, max_norm);
+      CheckStage3AgainstOneProcess(Adam(), passes, max_norm);
+      CheckStage3AgainstOneProcess(AdamW(), passes, max_norm);
+    }
+  }
+}
+
+TEST(TorchStage3, ChecksAndErrors) {
+  Net3 model = MakeNet3();
+  // A parameter in no unit; a unit that is not the model's; op Max.
+  EXPECT_THROW(ht::ShardedModel(*model, {model->a.ptr(), model->b.ptr()}), ht::Error);
+  ht::ShardedModelOptions bad;
+  bad.op = ReduceOp::kMax;
+  EXPECT_THROW(ht::ShardedModel(*model, {model.ptr()}, bad), ht::Error);
+  // c shared by two units neither of which contains the other.
+  ::torch::nn::Sequential c_and_a(model->c, model->a), c_and_b(model->c, model->b);
+  EXPECT_THROW(ht::ShardedModel(*model, {model.ptr(), c_and_a.ptr(), c_and_b.ptr()}), ht::Error);
+  ht::ShardedModel sharded(*model, {model.ptr(), model->a.ptr(), model->b.ptr()});
+  ht::FullyShardedOptimizer opt(sharded, Adam());
+  Mlp stranger = MakeModel();
+  EXPECT_THROW(sharded.Run(*stranger, [] { return Tensor(); }), ht::Error);
+  auto data = Batches(1, 2);
+  auto run = [&](const ::torch::nn::Module& unit, std::function<Tensor()> f) {
+    return sharded.Run(unit, f);
+  };
+  const int64_t lo = R() * 4, hi = lo + 4;
+  auto [x, y] = data[0][0];
+  Loss3(model, x.slice(0, lo, hi), y.slice(0, lo, hi), run).backward();
+  // zero_grad with reductions outstanding, and a second pass with backward_passes_per_step 1:
+  // Horovod's errors.
+  EXPECT_THROW(opt.ZeroGrad(), ht::Error);
+  auto [x2, y2] = data[0][1];
+  EXPECT_THROW(Loss3(model, x2.slice(0, lo, hi), y2.slice(0, lo, hi), run).backward(),
+               std::exception);
+  opt.Step();
+}
+
 // ---- gradient statistics (adaptive training) ------------------------------------------------
 
 // Sum of |grad|^2 over the model's parameters after a backward pass of `loss` (torch, float64).
