@@ -18,7 +18,11 @@ not be whole rows: it is written as the few boxes (DCP's chunks) that tile that 
 runs DCP's planner and file writer, with the plans, the write results and any error exchanged
 over horovod_cpp's collectives (so torch.distributed need not be initialised); loading runs
 DCP's reader on each rank for the boxes of its own slices."""
+import contextlib
+import ctypes
 import dataclasses
+import io
+import os
 
 import torch
 
@@ -218,7 +222,7 @@ def _dcp():
             def resolve_data(self, write_item):
                 s = self.slices.get(write_item.index.fqn)
                 if s is not None:
-                    return s.box(write_item.index.offset)
+                    return _alias(s.box(write_item.index.offset))
                 return DefaultSavePlanner.resolve_data(self, write_item)
 
         class LoadPlanner(DefaultLoadPlanner):
@@ -299,6 +303,54 @@ def _entries(state):
     return out
 
 
+def _alias(t):
+    """``t`` (contiguous, on the CPU) as a tensor over its own bytes alone: DCP's writer clones a
+    tensor whose storage is larger than it (a box of a slice is a view of the whole flat buffer),
+    and PyTorch 2.15's keeps every tensor of a file until the file is done, so each rank held
+    its whole checkpoint twice while writing it. The alias shares the memory (nothing copied);
+    ``t`` outlives it (the save holds the model and the optimizer)."""
+    if t.numel() == 0 or t.device.type != "cpu":
+        return t
+    raw = (ctypes.c_char * (t.numel() * t.element_size())).from_address(t.data_ptr())
+    return torch.frombuffer(raw, dtype=torch.uint8).view(t.dtype).view(t.shape)
+
+
+class _Written(io.BufferedWriter):
+    """A file whose written pages leave the page cache every _DROP_BYTES: a rank under a memory
+    limit (a cgroup counts the page cache it dirties) writes its slices without holding them
+    twice (measured: a 1.3 B-parameter stage-3 model's ranks, each 3.7 GiB resident under a
+    4 GiB limit, were killed writing their 2 GB checkpoint files through the page cache)."""
+
+    def write(self, data):
+        n = io.BufferedWriter.write(self, data)
+        self._pending = getattr(self, "_pending", 0) + n
+        if self._pending >= _DROP_BYTES:
+            self.flush()
+            os.fdatasync(self.fileno())
+            os.posix_fadvise(self.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            self._pending = 0
+        return n
+
+
+_DROP_BYTES = 64 << 20
+
+
+def _page_dropping_file_system(base):
+    """DCP's FileSystem whose files for writing are _Written."""
+
+    class FileSystem(base):
+        @contextlib.contextmanager
+        def create_stream(self, path, mode):
+            if mode != "wb":
+                with base.create_stream(self, path, mode) as stream:
+                    yield stream
+                return
+            with _Written(io.FileIO(str(path), "wb")) as stream:
+                yield stream
+
+    return FileSystem
+
+
 def _split(flat):
     slices = {k: v for k, v in flat.items() if isinstance(v, Slices)}
     return slices, {k: v for k, v in flat.items() if k not in slices}
@@ -316,6 +368,8 @@ def save(state, checkpoint_id, process_set=None):
     slices, rest = _split(flat)
     planner = c["SavePlanner"](slices, mappings)
     writer = c["FileSystemWriter"](checkpoint_id)
+    if hasattr(writer, "fs") and hasattr(os, "posix_fadvise"):
+        writer.fs = _page_dropping_file_system(type(writer.fs))()
 
     def local():
         planner.set_up_planner(rest, storage_meta=writer.storage_meta(), is_coordinator=rank == 0)
