@@ -2,12 +2,13 @@
 # Every performance figure in one command: install what is missing, build, then run the
 # benchmarks in examples/bench/ on 2 ranks. Each figure is one line
 #   FIGURE <id> name=... p50_ms=... p90_ms=... baseline=... ratio=... target=... met=yes|no|n/a
-# where ratio is against a baseline measured in the same run. About 110 minutes on 2 cores,
+# where ratio is against a baseline measured in the same run. About 120 minutes on 2 cores,
 # ~55 of them across test hosts (~18 for gradient compression: every compressor on the MLP and
 # the CNN at 2 hosts x 1 and x 2 ranks, 1 and 10 Gbit/s, interleaved over 3 rounds, FIGURE
 # C1/C2; 2 for autotuning when the link changes, A3; ~5 for adaptive training's resizes, RS1;
 # ~27 for the goodput scheduler against FCFS, 12 jobs under each, SCHED1),
-# 6 for the sharded optimizer's figures, ~5 for stage 3's, ~7 for autotuning (a grid of static
+# 6 for the sharded optimizer's figures, ~17 for stage 3's (~12 of them the 1.3 B-parameter model
+# under a memory limit, M1), ~7 for autotuning (a grid of static
 # settings and the tuner, A1/A2), ~15 for adaptive training's time to accuracy (TTA1-4).
 #   ./bench.sh                 all figures (allreduce over shared memory, TCP and test hosts,
 #                              timeline overhead, training throughput vs DDP, Gloo vs MPI)
@@ -62,7 +63,7 @@ if ((quick)); then
   AR=(--reps 8 --resnet-reps 4 --latency-reps 300 --idle-seconds 5); TL=(--blocks 10)
   ST=(--blocks 3 --steps 8); PP=(--reps 15); VH=(--reps 6 --blocks 3); ROUNDS=2
   XR=(--reps 3 --resnet-reps 2); XS=(--steps 10); FTD=(--blocks 1 --steps 1); ATS=(450 400)
-  FTP=(--blocks 2 --steps 2); SM=(--warmup 1 --steps 2); DL=(--steps 2)
+  FTP=(--blocks 2 --steps 2); SM=(--warmup 1 --steps 2); DL_STEPS=3
 else
   AR=(--reps 60 --resnet-reps 20); TL=(); ST=(--blocks 16); PP=(); VH=(); ROUNDS=3
   XR=(--reps 8 --resnet-reps 4); XS=(--steps 30)
@@ -71,7 +72,7 @@ else
   FTD=(--blocks 2 --steps 2)   # Debian's torch: ~10 s a step
   FTP=(--blocks 3 --steps 4)   # PyPI's: ~1 s
   SM=()                        # sharded_memory.py's defaults: 2 warm-up + 4 timed steps
-  DL=()                        # stage3_memory_limit.py's defaults: 3 steps
+  DL_STEPS=20                  # stage3_meta_init.py: ~25 s a step at 4 ranks on 2 cores
 fi
 LIMIT_MIB=4096   # stage 3's demonstration: each rank's memory limit
 if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT; fi
@@ -136,18 +137,20 @@ if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT;
       done
     done
     python3 examples/bench/sharded_memory.py --compare "$sharded3"
-    echo "# stage 3 under a per-process memory limit (scripts/with_memory_limit.sh: a memory cgroup per rank, the kernel's OOM killer past it): a 334 M-parameter transformer that takes 5.1 GiB per rank held whole for training with AdamW, 4 ranks, ${LIMIT_MIB} MiB each"
-    for mode in distributed sharded3; do
+    echo "# stage 3 under a per-process memory limit (scripts/with_memory_limit.sh: a memory cgroup per rank, the kernel's OOM killer past it): a 1.31 B-parameter transformer (5.2 GB in fp32) built on the meta device, 4 ranks, ${LIMIT_MIB} MiB each: trains ${DL_STEPS} steps with AdamW in bf16 and writes a DCP checkpoint; built whole it is killed; FSDP2's meta-device initialisation of the same model for its time"
+    for mode in sharded3_meta whole fsdp2_meta; do
       log="$sharded3/limit.$mode.log"
+      extra=(); [[ $mode == sharded3_meta ]] && extra=(--steps "$DL_STEPS" --checkpoint "$sharded3/ckpt")
       if mpirun -np 4 --oversubscribe --bind-to none --map-by slot --mca mpi_yield_when_idle 1 \
-          scripts/with_memory_limit.sh "$LIMIT_MIB" .venv-pypi/bin/python \
-          examples/bench/stage3_memory_limit.py --mode "$mode" "${DL[@]}" > "$log" 2>&1; then
-        peak=$(sed -n 's/.*peak_rss_mib=\([0-9]*\).*/\1/p' "$log")
-        echo "FIGURE D1_$mode name=stage3_memory_limit_$mode trained=yes peak_rss_mib=$peak limit_mib=$LIMIT_MIB"
+          -x MALLOC_MMAP_THRESHOLD_=131072 scripts/with_memory_limit.sh "$LIMIT_MIB" \
+          .venv-pypi/bin/python examples/bench/stage3_meta_init.py --mode "$mode" "${extra[@]}" \
+          > "$log" 2>&1; then
+        line=$(grep -m1 -o 'META_INIT.*' "$log")
+        echo "FIGURE M1_$mode ok=yes limit_mib=$LIMIT_MIB ${line#META_INIT }"
       else
-        echo "FIGURE D1_$mode name=stage3_memory_limit_$mode trained=no limit_mib=$LIMIT_MIB ($(grep -m1 -o 'Killed\|exited on signal 9\|exit code 137' "$log" || echo failed))"
+        echo "FIGURE M1_$mode ok=no limit_mib=$LIMIT_MIB ($(grep -m1 -o 'Killed\|exited on signal 9\|exit code 137' "$log" || echo failed))"
       fi
-      grep -E '^(\[[0-9,]*\]<stdout>:)?(model|step|STAGE3)' "$log" | sed 's/^/#   /' || true
+      rm -rf "$sharded3/ckpt"
     done
     echo "# gradient readiness: post-accumulate-grad hooks (PyTorch 2.1+) vs accumulator hooks"
     "${MPIRUN[@]}" .venv-pypi/bin/python examples/bench/grad_hooks.py

@@ -14,12 +14,19 @@ MODE:
   fsdp2_meta     FSDP2's meta-device initialisation of the same model (torch.device("meta"),
                  fully_shard on every layer and the root, to_empty, reset_parameters on each
                  module; gloo, CPU), for the initialisation's time.
+Units: every TransformerEncoderLayer and every Embedding (the token embedding, 103 M
+parameters, is a unit of its own: inside the root it would stay whole through backward).
 Rank 0 prints one line:
-  META_INIT mode=... np=... params=... fp32_bytes=... init_s=... [sharded_bytes=... peak_rss=...
-  steps=... step_s=... checkpoint_s=...]
-(sharded_bytes: the parameters, gradients and optimizer state rank 0 holds, from the tensors;
-peak_rss: its peak resident set). The default model: 24 layers, hidden 2048, FFN 8192, 16
-heads, vocabulary 50,257: 1.31 B parameters, 5.2 GB in fp32."""
+  META_INIT mode=... np=... params=... fp32_bytes=... init_s=... [base_rss=... footprint=...
+  peak_rss=... peak_over_footprint=... growth_over_footprint=... steps=... step_s=...
+  checkpoint_s=...]
+(footprint: the parameters, gradients and AdamW state rank 0 holds, from the tensors; base_rss:
+its resident set after import torch and hvd.init(), before the model; peak_rss: its peak
+resident set over the whole run, checkpoint included; growth_over_footprint: (peak_rss -
+base_rss) / footprint). Run with MALLOC_MMAP_THRESHOLD_=131072 (glibc) as bench.sh does: with
+glibc's sliding threshold, tensors of 1-32 MiB come from the heap after the first large free,
+and the heap keeps what the gathered units leave in it. The default model: 24 layers, hidden
+2048, FFN 8192, 16 heads, vocabulary 50,257: 1.31 B parameters, 5.2 GB in fp32."""
 import argparse
 import os
 import resource
@@ -29,6 +36,11 @@ import time
 
 def peak_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def main():
@@ -43,6 +55,7 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--checkpoint", help="directory for hvd.dcp.save (sharded3_meta)")
+    p.add_argument("--port", type=int, default=29533, help="fsdp2_meta: the rendezvous port")
     args = p.parse_args()
 
     import torch
@@ -65,14 +78,20 @@ def main():
     if args.mode == "fsdp2_meta":
         import torch.distributed as dist
         from torch.distributed.fsdp import fully_shard
+        # (under mpirun: torch.distributed's env:// from Open MPI's variables)
+        os.environ.setdefault("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+        os.environ.setdefault("WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(args.port))
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group("gloo")
         rank, size = dist.get_rank(), dist.get_world_size()
         start = time.perf_counter()
         with torch.device("meta"):
             model = build().to(dtype)
         params = sum(q.numel() for q in model.parameters())
-        for layer in model.layers:
-            fully_shard(layer)
+        for unit in [model.tokens, model.positions] + list(model.layers):
+            fully_shard(unit)
         fully_shard(model)
         model.to_empty(device="cpu")
         with torch.no_grad():
@@ -92,11 +111,12 @@ def main():
     import horovod_cpp.torch as hvd
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
+    base = rss_bytes()
     start = time.perf_counter()
     with hvd.sharded_init():
         model = build().to(dtype)
     params = sum(q.numel() for q in model.parameters())
-    hvd.shard_model(model, auto_wrap={torch.nn.TransformerEncoderLayer})
+    hvd.shard_model(model, auto_wrap={torch.nn.TransformerEncoderLayer, torch.nn.Embedding})
     hvd.allreduce(torch.zeros(1), name="bench.init.done")
     init_s = time.perf_counter() - start
     opt = hvd.ShardedOptimizer(model.named_parameters(), torch.optim.AdamW, stage=3, lr=1e-5,
@@ -114,17 +134,20 @@ def main():
         if rank == 0:
             print("step %d: %.2f s, peak RSS %.0f MiB" % (step, times[-1],
                                                        peak_bytes() / 2.0 ** 20), flush=True)
-    held = opt.held_bytes()
+    footprint = sum(opt.held_bytes().values())
     ckpt_s = 0.0
     if args.checkpoint:
         t0 = time.perf_counter()
         hvd.dcp.save({"model": model, "optim": opt, "step": args.steps}, args.checkpoint)
         ckpt_s = time.perf_counter() - t0
     if rank == 0:
+        peak = peak_bytes()
         print("META_INIT mode=sharded3_meta np=%d params=%d fp32_bytes=%d init_s=%.2f "
-              "sharded_bytes=%d peak_rss=%d steps=%d step_s=%.2f checkpoint_s=%.1f"
-              % (size, params, 4 * params, init_s, sum(held.values()), peak_bytes(),
-                 args.steps, sorted(times)[len(times) // 2], ckpt_s), flush=True)
+              "base_rss=%d footprint=%d peak_rss=%d peak_over_footprint=%.3f "
+              "growth_over_footprint=%.3f steps=%d step_s=%.2f checkpoint_s=%.1f"
+              % (size, params, 4 * params, init_s, base, footprint, peak, peak / footprint,
+                 (peak - base) / footprint, args.steps, sorted(times)[len(times) // 2] if times else 0.0,
+                 ckpt_s), flush=True)
     hvd.shutdown()
 
 
