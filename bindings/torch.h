@@ -423,10 +423,10 @@ class ShardedModel {
   // Every trainable parameter, whole, by name (copies; collective): for checkpoints and checks.
   std::vector<std::pair<std::string, ::torch::Tensor>> FullParameters();
   // Starts the reductions that backward did not (a parameter without a gradient on this rank
-  // contributes zeros, as in DistributedOptimizer), waits for them; then SliceGradients() are
-  // this rank's slices of the reduced gradients. FullyShardedOptimizer calls it.
+  // contributes zeros, as in DistributedOptimizer), waits for them; then the grad() of each of
+  // Slices() is the reduced gradient of that slice. FullyShardedOptimizer calls it.
   void FinishReductions();
-  // This rank's slices of the flat buffers (what the optimizer steps) and their gradients.
+  // This rank's slices of the flat buffers (what the optimizer steps).
   std::vector<::torch::Tensor> Slices() const;
   void ZeroGrad();
   bool ReductionsInFlight() const;

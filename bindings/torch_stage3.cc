@@ -46,8 +46,7 @@ struct ShardedModel::Flat {
   int arrived_count = 0;
   std::vector<int> passes;    // per parameter, since the last FinishReductions
   int launched = 0;           // reductions started this step
-  std::vector<TorchHandle> handles;
-  ::torch::Tensor shard_grad;  // the reduced gradient of this rank's slice
+  std::vector<TorchHandle> handles;  // reductions in flight (shard.grad(): the ones done)
   size_t unit = 0;
 
   ::torch::Tensor View(const ::torch::Tensor& whole, size_t i) const {
@@ -94,6 +93,17 @@ ShardedModel::ShardedModel(::torch::nn::Module& model,
       if (p.requires_grad()) holds[k].insert(p.unsafeGetTensorImpl());
     }
   }
+  // contains(k, j): unit k holds every parameter unit j holds (asked once per pair).
+  std::map<std::pair<size_t, size_t>, bool> containment;
+  auto contains = [&](size_t k, size_t j) {
+    auto it = containment.find({k, j});
+    if (it == containment.end()) {
+      bool all = std::includes(holds[k].begin(), holds[k].end(), holds[j].begin(),
+                               holds[j].end());
+      it = containment.emplace(std::make_pair(k, j), all).first;
+    }
+    return it->second;
+  };
   std::unordered_map<const void*, size_t> owner;
   for (const auto& item : model.named_parameters()) {
     const ::torch::Tensor& p = item.value();
@@ -115,14 +125,11 @@ ShardedModel::ShardedModel(::torch::nn::Module& model,
                                     "parameters no other unit holds)"));
     }
     for (size_t k = 0; k < units.size(); ++k) {
-      if (k == best || !holds[k].count(key)) continue;
-      for (const void* q : holds[best]) {
-        if (!holds[k].count(q)) {
-          Throw(Status::InvalidArgument(
-              "ShardedModel: parameter " + item.key() + " is shared by units " +
-              std::to_string(best) + " and " + std::to_string(k) +
-              ", neither of which contains the other"));
-        }
+      if (k != best && holds[k].count(key) && !contains(k, best)) {
+        Throw(Status::InvalidArgument(
+            "ShardedModel: parameter " + item.key() + " is shared by units " +
+            std::to_string(best) + " and " + std::to_string(k) +
+            ", neither of which contains the other"));
       }
     }
     owner.emplace(key, best);
@@ -328,7 +335,11 @@ void ShardedModel::Drain(bool wait) {
     while (!f->handles.empty() && (wait || f->handles.front().Poll())) {
       ::torch::Tensor out = f->handles.front().Synchronize();
       f->handles.erase(f->handles.begin());
-      f->shard_grad = f->shard_grad.defined() ? f->shard_grad.add_(out) : out;
+      if (f->shard.grad().defined()) {
+        f->shard.grad().add_(out);
+      } else {
+        f->shard.mutable_grad() = out;
+      }
     }
   }
 }
@@ -353,11 +364,7 @@ void ShardedModel::FinishReductions() {
 
 std::vector<::torch::Tensor> ShardedModel::Slices() const {
   std::vector<::torch::Tensor> out;
-  for (Flat* f : flats_) {
-    ::torch::Tensor s = f->shard;
-    s.mutable_grad() = f->shard_grad;
-    out.push_back(s);
-  }
+  for (Flat* f : flats_) out.push_back(f->shard);
   return out;
 }
 
@@ -369,7 +376,6 @@ void ShardedModel::ZeroGrad() {
   }
   Settle();
   for (Flat* f : flats_) {
-    f->shard_grad = ::torch::Tensor();
     f->shard.mutable_grad() = ::torch::Tensor();
     for (::torch::Tensor& p : f->params) p.mutable_grad() = ::torch::Tensor();
   }
@@ -405,7 +411,7 @@ int64_t ShardedModel::ParameterBytes() const {
 int64_t ShardedModel::GradientBytes() const {
   int64_t bytes = 0;
   for (Flat* f : flats_) {
-    bytes += Bytes(f->shard_grad) + Bytes(f->grad_full);
+    bytes += Bytes(f->shard.grad()) + Bytes(f->grad_full);
     for (const ::torch::Tensor& p : f->params) bytes += Bytes(p.grad());
   }
   return bytes;
@@ -428,7 +434,6 @@ void FullyShardedOptimizer::Synchronize(CallSite where) {
   CallSiteScope at(where);
   if (reduced_ && !model_.ReductionsInFlight()) return;
   model_.FinishReductions();
-  model_.Slices();  // sets each slice's grad()
   reduced_ = true;
 }
 

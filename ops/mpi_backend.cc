@@ -392,7 +392,7 @@ class MpiBackend final : public Backend {
       return Status::Internal("reducescatter: " + std::to_string(counts.size()) +
                               " counts for " + std::to_string(n) + " ranks");
     }
-    // The ring runs piece by piece (kRingPieceElements of each block at a time), so that its
+    // The ring runs piece by piece (kRingPieceBytes of each block at a time), so that its
     // two buffers stay small whatever the tensor: a stage-3 unit of 200 MiB kept 2 x 50 MiB
     // here for the rest of the job when they held whole blocks.
     const int64_t piece = std::min(std::max<int64_t>(largest, 1), kRingPieceBytes / elem);

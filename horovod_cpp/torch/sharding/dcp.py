@@ -321,9 +321,13 @@ class _Written(io.BufferedWriter):
     twice (measured: a 1.3 B-parameter stage-3 model's ranks, each 3.7 GiB resident under a
     4 GiB limit, were killed writing their 2 GB checkpoint files through the page cache)."""
 
+    def __init__(self, raw):
+        io.BufferedWriter.__init__(self, raw)
+        self._pending = 0  # bytes written since the last drop
+
     def write(self, data):
         n = io.BufferedWriter.write(self, data)
-        self._pending = getattr(self, "_pending", 0) + n
+        self._pending += n
         if self._pending >= _DROP_BYTES:
             self.flush()
             os.fdatasync(self.fileno())
