@@ -191,6 +191,7 @@ void Timeline::WriterMain() {
         file_gen_ = c.gen;
         file_start_ns_ = c.start_ns;
         written_.assign(written_.size(), false);
+        open_.assign(open_.size(), 0);
         dropped_at_start_ = dropped_.load();
         out_ = "[\n";
         AppendStartMetadata(&out_, c.epoch_micros);
@@ -218,6 +219,7 @@ void Timeline::Drain() {
       if (names_.size() <= static_cast<size_t>(pid)) {
         names_.resize(pid + 1);
         written_.resize(pid + 1, false);
+        open_.resize(pid + 1, 0);
       }
       names_[pid] = std::move(name);
     }
@@ -234,6 +236,8 @@ void Timeline::Drain() {
     const Record r = ring_[t & mask_];
     if (r.gen != file_gen_) continue;  // from a previous Start
     const int64_t ts = (r.ts_ns - file_start_ns_) / 1000;
+    if (static_cast<size_t>(r.pid) >= open_.size()) open_.resize(r.pid + 1, 0);  // row 0
+    if (r.kind == kEnd && open_[r.pid] == 0) continue;  // its begin is in an earlier file
     if (r.pid > 0 && !written_[r.pid]) {
       out_ += ",\n";
       AppendTensorMetadata(&out_, r.pid, names_[r.pid]);
@@ -243,9 +247,11 @@ void Timeline::Drain() {
     switch (r.kind) {
       case kBegin:
         AppendBegin(&out_, r.pid, r.name, ts);
+        ++open_[r.pid];
         break;
       case kEnd:
         AppendEnd(&out_, r.pid, ts);
+        --open_[r.pid];
         break;
       case kRankReady:
         AppendInstant(&out_, r.pid, std::to_string(r.arg), ts, /*global=*/false);
@@ -260,11 +266,18 @@ void Timeline::Drain() {
 }
 
 void Timeline::FinishFile() {
+  const int64_t now = (NowNs() - file_start_ns_) / 1000;
+  for (size_t pid = 0; pid < open_.size(); ++pid) {
+    for (; open_[pid] > 0; --open_[pid]) {
+      out_ += ",\n";
+      AppendEnd(&out_, static_cast<int>(pid), now);
+    }
+  }
   const uint64_t dropped = dropped_.load() - dropped_at_start_;
   last_dropped_ = dropped;
   if (dropped > 0) {
     out_ += ",\n";
-    AppendDroppedCounter(&out_, (NowNs() - file_start_ns_) / 1000, dropped);
+    AppendDroppedCounter(&out_, now, dropped);
   }
   out_ += "\n]\n";
   WriteOut();

@@ -140,6 +140,10 @@ class Timeline {
   // Writer-owned.
   std::vector<std::string> names_;  // by pid
   std::vector<bool> written_;       // by pid: metadata already in the current file
+  // By pid: spans begun in the current file and not yet ended. A span still open when the
+  // file is finished (a negotiation under way at Stop) is closed then; an end whose begin
+  // went into an earlier file is left out, so every file's spans nest.
+  std::vector<uint32_t> open_;
   int fd_ = -1;
   std::string path_;
   bool write_failed_ = false;  // this file's writes failed once (warned; not again)

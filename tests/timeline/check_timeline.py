@@ -97,15 +97,28 @@ def check_run(path, np):
 
 
 def check_phases(d):
+    """phase1.json records tensor "phase1", phase2.json "phase2". Another rank can already ask
+    for the next tensor ("between" after phase1, "after.bad.path" after phase2) while rank 0
+    is still recording: that tensor may then appear, but only as a negotiation closed at the
+    stop, without rank 0's ready instant and without any execution."""
     p1, p2 = load(d + "/phase1.json"), load(d + "/phase2.json")
-    for path, events, want, marks in ((d + "/phase1.json", p1, "phase1", True),
-                                      (d + "/phase2.json", p2, "phase2", False)):
+    for path, events, want, next_name, marks in (
+            (d + "/phase1.json", p1, "phase1", "between", True),
+            (d + "/phase2.json", p2, "phase2", "after.bad.path", False)):
         check_start_metadata(events, path)
-        names = set(by_name(events))
-        if want not in names or names & ({"phase1", "phase2", "between"} - {want}):
-            fail("%s: rows %s, expected %r only among phase1/phase2/between" % (path, sorted(names), want))
-        for pid in rows(events):
-            spans(events, pid)
+        names = by_name(events)
+        if want not in names or set(names) - {want, next_name}:
+            fail("%s: rows %s, expected %r (and perhaps %r)" % (path, sorted(names), want, next_name))
+        top = spans(events, names[want])
+        if [s[0] for s in top] != ["NEGOTIATE_ALLREDUCE", "ALLREDUCE"]:
+            fail("%s: row %r has top-level spans %s" % (path, want, [s[0] for s in top]))
+        if "0" not in top[0][3]:  # the others' may have come before the start
+            fail("%s: %r negotiation lacks rank 0's ready instant" % (path, want))
+        if next_name in names:
+            early = spans(events, names[next_name])
+            if [s[0] for s in early] != ["NEGOTIATE_ALLREDUCE"] or "0" in early[0][3]:
+                fail("%s: row %r (another rank's next tensor) has spans %s, instants %s"
+                     % (path, next_name, [s[0] for s in early], early and early[0][3]))
         cycles = [e for e in events if e.get("name") == "CYCLE_START" and e.get("ph") == "i"]
         if marks and not cycles:
             fail("%s: mark_cycles was on but there is no CYCLE_START" % path)

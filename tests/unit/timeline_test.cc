@@ -158,6 +158,31 @@ TEST(Timeline, SessionsDoNotLeakIntoEachOtherAndBadPathsAreErrors) {
   std::remove(b.c_str());
 }
 
+// A negotiation can be under way when the timeline stops or switches files (another rank's
+// request for the next tensor reaches the coordinator first): every file's spans still nest.
+TEST(Timeline, SpansOpenAtStopAreClosedAndEndsOfEarlierFilesLeftOut) {
+  Timeline t;
+  std::string error;
+  const std::string a = TempPath("open_a"), b = TempPath("open_b");
+  ASSERT_TRUE(t.Start(a, false, &error)) << error;
+  const int32_t carried = t.Row("carried"), open = t.Row("open");
+  t.Begin(carried, "NEGOTIATE_ALLREDUCE");
+  ASSERT_TRUE(t.Start(b, false, &error)) << error;
+  t.End(carried);  // its begin is in a
+  t.Begin(open, "NEGOTIATE_ALLREDUCE");
+  t.Begin(open, "QUEUE");
+  t.End(open);  // QUEUE ends; the negotiation is still open at Stop
+  EXPECT_EQ(t.Stop(), 0u);
+  const std::string ta = ReadFile(a), tb = ReadFile(b);
+  EXPECT_EQ(Count(ta, R"("ph":"B")"), 1u) << ta;
+  EXPECT_EQ(Count(ta, R"("ph":"E")"), 1u) << ta;  // closed when a was finished
+  EXPECT_EQ(tb.find("\"name\":\"carried\""), std::string::npos) << tb;
+  EXPECT_EQ(Count(tb, R"("ph":"B")"), 2u) << tb;
+  EXPECT_EQ(Count(tb, R"("ph":"E")"), 2u) << tb;
+  std::remove(a.c_str());
+  std::remove(b.c_str());
+}
+
 }  // namespace
 }  // namespace timeline
 }  // namespace hvd
