@@ -37,6 +37,9 @@ from horovod_cpp.torch.process_sets import (ProcessSet, add_process_set, global_
 from horovod_cpp.torch.sync_batch_norm import SyncBatchNorm
 from horovod_cpp.torch import elastic  # noqa: E402  (hvd.elastic)
 from horovod_cpp.elastic import HostsUpdatedInterrupt
+from horovod_cpp.torch import distributed as _c10d_backend
+
+_c10d_backend.register()  # torch.distributed.init_process_group("horovod_cpp")
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
