@@ -63,6 +63,28 @@ class Work(dist.Work):
         pass
 
 
+class _Failed(object):
+    """The value of a future whose operation failed. ``Future.set_exception`` stores the
+    exception as the value, which C++ consumers take for a result: DDP's reducer looks for the
+    reduced bucket in it, finds no tensor and crashes (PyTorch 2.15). This value raises the
+    error when its tensors are extracted (by pickling, torch/_jit_internal.py), so backward()
+    raises it; Python's ``wait()``/``value()`` raise it through the future's unwrap function,
+    as after ``set_exception``."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def __reduce__(self):
+        raise self.error
+
+
+def _fail(fut, error):
+    def unwrap(value):
+        raise value.error
+    fut._set_unwrap_func(unwrap)
+    fut.set_result(_Failed(error))
+
+
 class _Completer(object):
     """A thread that runs each operation's ``finish`` (wait for its handle, copy results
     out) in the order they were started and completes its future."""
@@ -97,7 +119,7 @@ class _Completer(object):
             try:
                 value = finish()
             except BaseException as e:  # the operation's error, for whoever waits on it
-                fut.set_exception(e)
+                _fail(fut, e)
                 continue
             fut.set_result(value)
 

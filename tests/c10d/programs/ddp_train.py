@@ -1,0 +1,50 @@
+"""A DDP training script written for torch.distributed (env:// from torchrun, TorchDistributor
+or mpirun): an MLP on fixed random data, each rank its shard; rank 0 writes the final
+parameters to --out (torch.save) and prints the backend that the CPU collectives ran on."""
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import horovod_cpp.torch  # noqa: F401  (registers the "horovod_cpp" backend)
+
+
+def train(backend, steps=5, per_rank=8):
+    if "OMPI_COMM_WORLD_RANK" in os.environ and "RANK" not in os.environ:
+        os.environ["RANK"] = os.environ["OMPI_COMM_WORLD_RANK"]
+        os.environ["WORLD_SIZE"] = os.environ["OMPI_COMM_WORLD_SIZE"]
+    dist.init_process_group(backend)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)
+    opt = torch.optim.Adam(ddp.parameters(), lr=0.01)
+    for step in range(steps):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(per_rank * size, 10, generator=g), torch.randint(0, 3, (per_rank * size,), generator=g)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x[rank * per_rank:(rank + 1) * per_rank]),
+                        y[rank * per_rank:(rank + 1) * per_rank]).backward()
+        opt.step()
+    cpu = dist.group.WORLD._get_backend(torch.device("cpu"))
+    name = cpu.getBackendName() if hasattr(cpu, "getBackendName") else cpu.name()
+    params = [p.detach().clone() for p in model.parameters()]
+    dist.destroy_process_group()
+    return {"rank": rank, "size": size, "cpu_backend": name, "params": params}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--backend", default="horovod_cpp")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    got = train(args.backend)
+    if got["rank"] == 0:
+        torch.save(got, args.out)
+        print("cpu backend:", got["cpu_backend"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""The torch.distributed backend under the launchers of the torch.distributed world, each
+program against the same one on Gloo (parameters within 1e-6 relative): torchrun
+--nproc-per-node, mpirun (Intel's CPU recipe), a mixed backend string, Hugging Face's Trainer,
+and Spark's TorchDistributor in local mode (a function, a script with its arguments) and on
+the local session's executors (local_mode=False)."""
+import os
+import subprocess
+import sys
+
+import cloudpickle
+import pytest
+import torch
+
+from pyspark import cloudpickle as spark_cloudpickle  # noqa: E402  (TorchDistributor's)
+
+# The processes cannot import this test module: send its functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.deadline(300)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROGRAMS = os.path.join(os.path.dirname(HERE), "c10d", "programs")
+DDP_TRAIN = os.path.join(PROGRAMS, "ddp_train.py")
+TRAINER = os.path.join(PROGRAMS, "trainer_bert.py")
+MPIRUN = ["mpirun", "--oversubscribe", "--bind-to", "none"]
+
+
+def run(cmd, timeout=240):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout, env=env)
+    assert p.returncode == 0, "%s exited %d:\n%s" % (cmd, p.returncode, p.stdout[-6000:])
+    return p.stdout
+
+
+def torchrun(np_, *args):
+    return run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(np_),
+                "--standalone"] + list(args))
+
+
+def assert_close(got, want, rtol=1e-6, atol=1e-7):
+    if isinstance(got, dict):
+        assert sorted(got) == sorted(want)
+        got, want = [got[k] for k in sorted(got)], [want[k] for k in sorted(want)]
+    assert len(got) == len(want) and got
+    for g, w in zip(got, want):
+        assert torch.allclose(g.float(), w.float(), rtol=rtol, atol=atol), (g - w).abs().max()
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_torchrun_ddp_script_matches_gloo(tmp_path, np_):
+    outs = {}
+    for backend in ("horovod_cpp", "gloo", "cpu:horovod_cpp,cuda:gloo"):
+        out = tmp_path / ("%s.pt" % backend.replace(",", "_").replace(":", "_"))
+        text = torchrun(np_, DDP_TRAIN, "--backend", backend, "--out", str(out))
+        outs[backend] = torch.load(out)
+        assert "cpu backend: %s" % ("gloo" if backend == "gloo" else "horovod_cpp") in text
+    assert outs["horovod_cpp"]["size"] == np_
+    assert_close(outs["horovod_cpp"]["params"], outs["gloo"]["params"])
+    assert_close(outs["cpu:horovod_cpp,cuda:gloo"]["params"], outs["gloo"]["params"])
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_trainer_on_the_backend_matches_gloo(tmp_path, np_):
+    for backend in ("horovod_cpp", "gloo"):
+        torchrun(np_, TRAINER, "--backend", backend, "--out", str(tmp_path / (backend + ".pt")),
+                 "--grad-accum", "2")
+    assert_close(torch.load(tmp_path / "horovod_cpp.pt"), torch.load(tmp_path / "gloo.pt"))
+
+
+def test_trainer_under_mpirun_runs_on_mpi(tmp_path):
+    # Intel's CPU fine-tuning recipe launches with mpirun: the backend then runs on MPI.
+    env_port = ["-x", "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=%d" % _free_port()]
+    run(MPIRUN + ["-np", "2"] + env_port + [sys.executable, TRAINER, "--backend",
+                                            "horovod_cpp", "--out", str(tmp_path / "mpi.pt")])
+    torchrun(2, TRAINER, "--backend", "gloo", "--out", str(tmp_path / "gloo.pt"))
+    assert_close(torch.load(tmp_path / "mpi.pt"), torch.load(tmp_path / "gloo.pt"))
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ddp_fn(backend):
+    """What TorchDistributor runs in each process (by value: the test module is not importable
+    there)."""
+    sys.path.insert(0, PROGRAMS)
+    import ddp_train
+    # Every process writes its return value to the same file (TorchDistributor in local mode):
+    # whichever writes last is what run() returns, so every rank returns the same thing.
+    got = ddp_train.train(backend)
+    got.pop("rank")
+    return got
+
+
+@pytest.fixture
+def distributor(spark):
+    from pyspark.ml.torch.distributor import TorchDistributor
+    return TorchDistributor
+
+
+@pytest.mark.parametrize("local_mode", [True, False])
+def test_torch_distributor_runs_a_function_on_the_backend(distributor, local_mode):
+    ours = distributor(num_processes=2, local_mode=local_mode, use_gpu=False).run(
+        ddp_fn, "horovod_cpp")
+    ref = distributor(num_processes=2, local_mode=local_mode, use_gpu=False).run(ddp_fn, "gloo")
+    assert (ours["size"], ours["cpu_backend"], ref["cpu_backend"]) == (2, "horovod_cpp", "gloo")
+    assert_close(ours["params"], ref["params"])
+
+
+def test_torch_distributor_runs_a_script_with_its_arguments(distributor, tmp_path):
+    for backend in ("horovod_cpp", "gloo"):
+        distributor(num_processes=2, local_mode=True, use_gpu=False).run(
+            DDP_TRAIN, "--backend", backend, "--out", str(tmp_path / (backend + ".pt")))
+    ours, ref = torch.load(tmp_path / "horovod_cpp.pt"), torch.load(tmp_path / "gloo.pt")
+    assert ours["cpu_backend"] == "horovod_cpp"
+    assert_close(ours["params"], ref["params"])
