@@ -19,6 +19,7 @@ import time
 import uuid
 
 from horovod_cpp.job import mpirun, network
+from horovod_cpp.job.script import as_main
 from horovod_cpp.job.service import (HorovodRunnerError, JobService, check_positive_ints,
                                      pickle_main)
 
@@ -51,31 +52,22 @@ class HorovodRunner(object):
         if start_timeout is not None:
             resolve_start_timeout(start_timeout)  # validated now, not at run()
 
-    def run(self, main, **kwargs):
-        """Runs ``main(**kwargs)`` on every rank; returns rank 0's return value."""
+    def run(self, main, *args, **kwargs):
+        """Runs ``main(**kwargs)`` on every rank and returns rank 0's return value; or, with
+        ``main`` a path, that script with ``args`` as its command line on every rank
+        (returns None), as ``TorchDistributor.run`` does (horovod_cpp.job.script)."""
+        main = as_main(main, args, "HorovodRunner.run")
         payload = pickle_main(main, kwargs)
         key = network.new_key()
         job = JobService(key, payload, stream=self.driver_log_verbosity == "all")
         try:
             if self.num_processor < 0:
-                self._run_on_driver(job, key)
+                run_on_driver(job, key, -self.num_processor, mpirun.horovod_env())
             else:
                 self._run_on_spark(job, key)
             return job.outcome()
         finally:
             job.stop()
-
-    # ---- np < 0: ranks on the driver ----------------------------------------------------------
-
-    def _run_on_driver(self, job, key):
-        np = -self.num_processor
-        env = dict(os.environ)
-        env.update({"HVD_SPARK_JOB": "127.0.0.1:%d" % job.port, "HVD_SPARK_KEY": key.hex()})
-        argv = mpirun.build_command(
-            np, [sys.executable, "-m", "horovod_cpp.job.rank_main"],
-            env=mpirun.horovod_env(), passthrough=["HVD_SPARK_JOB", "HVD_SPARK_KEY"],
-            oversubscribe=np > (os.cpu_count() or 1), mpirun=mpirun.find_mpirun())
-        job.launch(argv, env)
 
     # ---- np > 0: a Spark barrier stage ------------------------------------------------------
 
@@ -89,11 +81,27 @@ class HorovodRunner(object):
                         timeout=resolve_start_timeout(self.start_timeout))
 
 
+def run_on_driver(job, key, np, ranks_env, mpi_args=()):
+    """Starts ``np`` ranks of ``job`` on the driver with mpirun (no Spark job)."""
+    env = dict(os.environ)
+    env.update({"HVD_SPARK_JOB": "127.0.0.1:%d" % job.port, "HVD_SPARK_KEY": key.hex()})
+    argv = mpirun.build_command(
+        np, [sys.executable, "-m", "horovod_cpp.job.rank_main"], env=ranks_env,
+        passthrough=["HVD_SPARK_JOB", "HVD_SPARK_KEY"], oversubscribe=np > (os.cpu_count() or 1),
+        mpirun=mpirun.find_mpirun(), mpi_args=list(mpi_args))
+    job.launch(argv, env)
+
+
 def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, extra_mpi_args=None,
-        env=None, stdout=None, stderr=None, verbose=1, prefix_output_with_timestamp=False):
+        env=None, stdout=None, stderr=None, verbose=1, prefix_output_with_timestamp=False,
+        local_mode=False):
     """``horovod.spark.run``: runs ``fn(*args, **kwargs)`` on ``num_proc`` ranks as a Spark
     barrier stage of the active SparkSession; returns the list of every rank's return value,
-    in rank order.
+    in rank order. ``fn`` may be a script's path: then ``args`` is its command line, and the
+    value is None (TorchDistributor's ``run("train.py", "--arg", ...)``; horovod_cpp.job.script).
+    ``local_mode=True`` (TorchDistributor's name; not in Horovod) runs the ranks on the driver
+    with mpirun instead, without a Spark job (``HorovodRunner(np=-n)``); then num_proc defaults
+    to 1 and no SparkSession is needed.
 
     num_proc: default the SparkContext's defaultParallelism. start_timeout: seconds to wait
     for free task slots and the stage's start (default HOROVOD_SPARK_START_TIMEOUT, else
@@ -103,14 +111,18 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, extra_mpi_a
     its lines come untagged, as Horovod writes them. verbose: 0 quiet, 1 says how many
     processes run, 2 also the mpirun command. prefix_output_with_timestamp: each line of
     output starts with the time it reached the driver."""
-    sc = active_spark_context("horovod_cpp.spark.run", "use horovod_cpp.runner.run to run "
-                              "the ranks without Spark")
+    script = isinstance(fn, (str, os.PathLike))
+    sc = None
+    if not local_mode:
+        sc = active_spark_context("horovod_cpp.spark.run", "pass local_mode=True (or use "
+                                  "horovod_cpp.runner.run) to run the ranks without Spark")
     if num_proc is None:
-        num_proc = int(sc.defaultParallelism)
+        num_proc = 1 if local_mode else int(sc.defaultParallelism)
     check_positive_ints(num_proc=num_proc)  # (set: defaultParallelism when not given)
     timeout = resolve_start_timeout(start_timeout)
     caller = "horovod_cpp.spark.run(num_proc=%d)" % num_proc
-    payload = pickle_main(functools.partial(fn, *args), dict(kwargs or {}), caller=caller)
+    main = as_main(fn, args, caller) if script else functools.partial(fn, *args)
+    payload = pickle_main(main, dict(kwargs or {}), caller=caller)
     ranks_env = mpirun.horovod_env() if env is None else {
         name: str(env[name]) for name in mpirun.forwarded_env(env)}
     ranks_env["HVD_SPARK_ALL_RESULTS"] = "1"
@@ -122,9 +134,13 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, extra_mpi_a
     job = JobService(key, payload, stream=True, ranks=num_proc, stdout=stdout, stderr=stderr,
                      timestamp=prefix_output_with_timestamp)
     try:
-        run_barrier_job(sc, num_proc, job, key, caller=caller, stream=True, env=ranks_env,
-                        mpi_args=mpi_args, timeout=timeout, verbose=verbose >= 2)
-        return job.outcome()
+        if local_mode:
+            run_on_driver(job, key, num_proc, ranks_env, mpi_args)
+        else:
+            run_barrier_job(sc, num_proc, job, key, caller=caller, stream=True, env=ranks_env,
+                            mpi_args=mpi_args, timeout=timeout, verbose=verbose >= 2)
+        values = job.outcome()
+        return None if script else values
     finally:
         job.stop()
 

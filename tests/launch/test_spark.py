@@ -228,3 +228,40 @@ def test_executors_without_horovod_cpp_get_a_clear_error(spark, tmp_path):
     assert "PYSPARK_PYTHON" in message and sys.executable in message
     assert "\tat " not in message and len(message) < 600  # no Java stack trace
     assert HorovodRunner(np=2).run(allreduce_ranks)[:3] == (0, 2, 1.0)  # and the next run works
+
+
+# ---- a script file with its arguments, and the ranks on the driver (TorchDistributor's ways) --
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "allreduce_script.py")
+
+
+@pytest.mark.parametrize("np_", [2, -2])  # barrier tasks; the driver
+def test_horovod_runner_runs_a_script_with_its_arguments(spark, tmp_path, np_):
+    out = tmp_path / "out.json"
+    assert HorovodRunner(np=np_).run(SCRIPT, "--out", str(out), "--scale", "2.5") is None
+    got = json.loads(out.read_text())
+    n = abs(np_)
+    assert got == {"size": n, "total": 2.5 * n * (n + 1) / 2, "name": "__main__",
+                   "argv": ["--out", str(out), "--scale", "2.5"]}
+
+
+def test_spark_run_runs_a_script_and_its_failures_name_the_status(spark, tmp_path):
+    out = tmp_path / "out.json"
+    from horovod_cpp.spark import run as spark_run
+    assert spark_run(SCRIPT, args=["--out", str(out)], num_proc=3, verbose=0) is None
+    assert json.loads(out.read_text())["total"] == 6.0
+    with pytest.raises(HorovodRunnerError, match="exited with status 3"):
+        spark_run(SCRIPT, args=["--out", str(out), "--exit-code", "3"], num_proc=2, verbose=0)
+    with pytest.raises(FileNotFoundError, match="cannot read the script .*missing.py"):
+        spark_run(str(tmp_path / "missing.py"), num_proc=2)
+    with pytest.raises(TypeError, match="positional arguments are the script's command line"):
+        HorovodRunner(np=2).run(allreduce_ranks, 1)
+
+
+def test_spark_run_local_mode_runs_on_the_driver_without_a_session(tmp_path):
+    from horovod_cpp.spark import run as spark_run
+    values = spark_run(allreduce_ranks, num_proc=2, local_mode=True, verbose=0)
+    assert [v[:3] for v in values] == [(0, 2, 1.0), (1, 2, 1.0)]
+    out = tmp_path / "out.json"
+    spark_run(SCRIPT, args=["--out", str(out)], num_proc=2, local_mode=True, verbose=0)
+    assert json.loads(out.read_text())["total"] == 3.0
