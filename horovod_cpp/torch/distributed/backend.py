@@ -32,12 +32,16 @@ class Work(dist.Work):
     """One operation: ``wait()`` raises its error; ``get_future()`` completes with its
     result (the tensors it wrote)."""
 
-    def __init__(self, future, result):
+    def __init__(self, op, result):
         super().__init__()
-        self._future = future
+        self._op = op
+        self._future = op.future
         self._result = result
 
     def wait(self, timeout=None):
+        # A thread that waits runs the operation's completion itself unless the group's
+        # thread already has (one thread switch fewer for a blocking call).
+        self._op.run()
         self._future.wait()
         return True
 
@@ -85,9 +89,33 @@ def _fail(fut, error):
     fut.set_result(_Failed(error))
 
 
+class _Op(object):
+    """An operation's completion (wait for its handle, copy results out) and its future; run
+    once, by whichever thread claims it first: the group's thread or one that waits."""
+
+    __slots__ = ("finish", "future", "_claim")
+
+    def __init__(self, finish):
+        self.finish = finish
+        self.future = torch.futures.Future()
+        self._claim = threading.Lock()
+
+    def run(self):
+        if not self._claim.acquire(blocking=False):
+            return  # the other thread runs it
+        try:
+            value = self.finish()
+        except BaseException as e:  # the operation's error, for whoever waits on it
+            _fail(self.future, e)
+            return
+        finally:
+            self.finish = None
+        self.future.set_result(value)
+
+
 class _Completer(object):
-    """A thread that runs each operation's ``finish`` (wait for its handle, copy results
-    out) in the order they were started and completes its future."""
+    """A thread that completes each operation in the order they were started (what futures
+    and DDP's reducer wait for), unless a thread waiting on it did already."""
 
     def __init__(self, name):
         self._name = name
@@ -97,16 +125,16 @@ class _Completer(object):
         self._closed = False
 
     def submit(self, finish):
-        fut = torch.futures.Future()
+        op = _Op(finish)
         with self._cv:
             if self._closed:
                 raise RuntimeError("horovod_cpp backend: the process group has been shut down")
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True, name=self._name)
                 self._thread.start()
-            self._queue.append((finish, fut))
+            self._queue.append(op)
             self._cv.notify()
-        return fut
+        return op
 
     def _run(self):
         while True:
@@ -115,13 +143,8 @@ class _Completer(object):
                     self._cv.wait()
                 if not self._queue:
                     return
-                finish, fut = self._queue.popleft()
-            try:
-                value = finish()
-            except BaseException as e:  # the operation's error, for whoever waits on it
-                _fail(fut, e)
-                continue
-            fut.set_result(value)
+                op = self._queue.popleft()
+            op.run()
 
     def close(self):
         """Lets the thread finish what was started (each fails at once if the runtime is
@@ -156,7 +179,7 @@ class HorovodBackend(_C10dBackend):
         self._seq = itertools.count(1)
         self._completer = _Completer("hvd-c10d-" + str(group_name))
         self._on_shutdown = on_shutdown
-        self._coalesced = None  # futures started since start_coalescing
+        self._coalesced = None  # operations started since start_coalescing
 
     def getBackendName(self):
         return NAME
@@ -167,10 +190,10 @@ class HorovodBackend(_C10dBackend):
         return self._prefix + str(next(self._seq))
 
     def _work(self, finish, result):
-        fut = self._completer.submit(finish)
+        op = self._completer.submit(finish)
         if self._coalesced is not None:
-            self._coalesced.append(fut)
-        return Work(fut, result)
+            self._coalesced.append(op)
+        return Work(op, result)
 
     def _check(self, tensors, what, allow_bool=False):
         for t in tensors:
@@ -232,11 +255,10 @@ class HorovodBackend(_C10dBackend):
         root = self._root(opts.rootRank)
         tmp = t.detach().clone(memory_format=torch.contiguous_format)
         inner = self._allreduce([tmp], self._op(opts.reduceOp, "reduce"), "reduce")
-        fut = inner.get_future()
         mine = self._ranks[self.rank()] == root
 
         def finish():
-            fut.wait()
+            inner.wait()
             if mine:
                 t.copy_(tmp)
             return tensors
@@ -283,11 +305,9 @@ class HorovodBackend(_C10dBackend):
         return self._work(finish, output_lists)
 
     def _several(self, works, result):
-        futures = [w.get_future() for w in works]
-
         def finish():
-            for f in futures:
-                f.wait()
+            for w in works:
+                w.wait()
             return result
         return self._work(finish, result)
 
@@ -468,11 +488,12 @@ class HorovodBackend(_C10dBackend):
         self._coalesced = []
 
     def end_coalescing(self, *args):
-        futures, self._coalesced = self._coalesced or [], None
+        ops, self._coalesced = self._coalesced or [], None
 
         def finish():
-            for f in futures:
-                f.wait()
+            for op in ops:
+                op.run()
+                op.future.wait()
             return []
         return self._work(finish, [])
 
