@@ -17,9 +17,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <string>
 #include <tuple>
+#include <unordered_set>
 #include <vector>
 
 #include "common/config/config.h"
@@ -91,12 +96,13 @@ hvd::AllreduceOptions Options(int op, double prescale, double postscale, int pro
 // The reductions' Python arguments: positional as before, then an optional stats group.
 #define HVD_REDUCTION_ARGS(first)                                                      \
   py::arg(first), py::arg("output"), py::arg("name"), py::arg("op"), py::arg("prescale"), \
-      py::arg("postscale"), py::arg("process_set"), py::arg("stats_group") = -1
+      py::arg("postscale"), py::arg("process_set"), py::arg("stats_group") = -1,            \
+      py::arg("notify") = -1
 // ... grouped: one stats group per member, or none.
 #define HVD_GROUPED_REDUCTION_ARGS                                                         \
   py::arg("inputs"), py::arg("outputs"), py::arg("name"), py::arg("op"), py::arg("prescale"), \
       py::arg("postscale"), py::arg("process_set"),                                         \
-      py::arg("stats_groups") = std::vector<int32_t>{}
+      py::arg("stats_groups") = std::vector<int32_t>{}, py::arg("notify") = -1
 
 // Runtime-owned result memory, exposed as a writable 1-D byte buffer.
 struct ResultBuffer {
@@ -185,6 +191,51 @@ bool g_call_sites = true;  // set_call_sites(False): the latency benchmark's bas
 struct PyCallSite : hvd::CallSiteScope {
   PyCallSite() : hvd::CallSiteScope(g_call_sites ? PythonCallSite() : std::string()) {}
 };
+
+// Completion notices: an operation enqueued with notify >= 0 posts that number here when it
+// completes (from the core's callback: no Python, no GIL), and take_notices() hands them over.
+// One consumer (the torch.distributed backend's completion thread) waits for all its
+// operations at once, woken only by finished ones. Never destroyed: callbacks may run at exit.
+struct Notices {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<int64_t> posted;
+  std::unordered_set<int64_t> ignored;  // waited for by their caller: not posted
+};
+
+Notices& TheNotices() {
+  static Notices* notices = new Notices;
+  return *notices;
+}
+
+void PostNotice(int64_t token) {
+  Notices& n = TheNotices();
+  {
+    std::lock_guard<std::mutex> lock(n.mu);
+    if (n.ignored.erase(token) > 0) return;
+    n.posted.push_back(token);
+  }
+  n.cv.notify_one();
+}
+
+// The caller waits for this operation itself: its notice is dropped (or never posted), so the
+// thread in take_notices is not woken for it (and does not take the GIL from the caller).
+void IgnoreNotice(int64_t token) {
+  Notices& n = TheNotices();
+  std::lock_guard<std::mutex> lock(n.mu);
+  for (auto it = n.posted.begin(); it != n.posted.end(); ++it) {
+    if (*it == token) {
+      n.posted.erase(it);
+      return;
+    }
+  }
+  n.ignored.insert(token);
+}
+
+hvd::StatusCallback NoticeOnCompletion(int64_t token) {
+  if (token < 0) return nullptr;
+  return [token](const hvd::Status&) { PostNotice(token); };
+}
 
 }  // namespace
 
@@ -346,64 +397,81 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "allreduce_async",
       [](const PyTensor& in, const PyTensor& out, const std::string& name, int op, double pre,
-         double post, int ps, int stats) {
+         double post, int ps, int stats, int64_t notify) {
         PyCallSite at;
         return Get(hvd::EnqueueAllreduce(ToView(in), ToView(out), name,
-                                         Options(op, pre, post, ps, stats)));
+                                         Options(op, pre, post, ps, stats),
+                                         NoticeOnCompletion(notify)));
       },
       HVD_REDUCTION_ARGS("input"));
   m.def(
       "grouped_allreduce_async",
       [](const std::vector<PyTensor>& ins, const std::vector<PyTensor>& outs,
          const std::string& name, int op, double pre, double post, int ps,
-         const std::vector<int32_t>& stats) {
+         const std::vector<int32_t>& stats, int64_t notify) {
         PyCallSite at;
         return Get(hvd::EnqueueGroupedAllreduce(ToViews(ins), ToViews(outs), name,
-                                                Options(op, pre, post, ps, -1, stats)));
+                                                Options(op, pre, post, ps, -1, stats),
+                                                NoticeOnCompletion(notify)));
       },
       HVD_GROUPED_REDUCTION_ARGS);
-  m.def("broadcast_async",
-        [](const PyTensor& in, const PyTensor& out, int root, const std::string& name, int ps) {
-          PyCallSite at;
-          return Get(hvd::EnqueueBroadcast(ToView(in), ToView(out), root, name, ps));
-        });
+  m.def(
+      "broadcast_async",
+      [](const PyTensor& in, const PyTensor& out, int root, const std::string& name, int ps,
+         int64_t notify) {
+        PyCallSite at;
+        return Get(hvd::EnqueueBroadcast(ToView(in), ToView(out), root, name, ps,
+                                         NoticeOnCompletion(notify)));
+      },
+      py::arg("input"), py::arg("output"), py::arg("root"), py::arg("name"),
+      py::arg("process_set"), py::arg("notify") = -1);
   m.def("allgather_async", [](const PyTensor& in, const std::string& name, int ps) {
     PyCallSite at;
     return Get(hvd::EnqueueAllgather(ToView(in), name, ps));
   });
-  m.def("allgather_into_async",
-        [](const PyTensor& in, const PyTensor& out, const std::string& name, int ps) {
-          PyCallSite at;
-          return Get(hvd::EnqueueAllgatherInto(ToView(in), ToView(out), name, ps));
-        });
+  m.def(
+      "allgather_into_async",
+      [](const PyTensor& in, const PyTensor& out, const std::string& name, int ps,
+         int64_t notify) {
+        PyCallSite at;
+        return Get(hvd::EnqueueAllgatherInto(ToView(in), ToView(out), name, ps,
+                                             NoticeOnCompletion(notify)));
+      },
+      py::arg("input"), py::arg("output"), py::arg("name"), py::arg("process_set"),
+      py::arg("notify") = -1);
   m.def("grouped_allgather_async",
         [](const std::vector<PyTensor>& ins, const std::string& name, int ps) {
           PyCallSite at;
           return Get(hvd::EnqueueGroupedAllgather(ToViews(ins), name, ps));
         });
-  m.def("alltoall_async",
-        [](const PyTensor& in, const std::vector<int64_t>& splits, const std::string& name,
-           int ps) {
-          PyCallSite at;
-          return Get(hvd::EnqueueAlltoall(ToView(in), splits, name, ps));
-        });
+  m.def(
+      "alltoall_async",
+      [](const PyTensor& in, const std::vector<int64_t>& splits, const std::string& name, int ps,
+         int64_t notify) {
+        PyCallSite at;
+        return Get(hvd::EnqueueAlltoall(ToView(in), splits, name, ps, NoticeOnCompletion(notify)));
+      },
+      py::arg("input"), py::arg("splits"), py::arg("name"), py::arg("process_set"),
+      py::arg("notify") = -1);
   m.def(
       "reducescatter_async",
       [](const PyTensor& in, const PyTensor& out, const std::string& name, int op, double pre,
-         double post, int ps, int stats) {
+         double post, int ps, int stats, int64_t notify) {
         PyCallSite at;
         return Get(hvd::EnqueueReducescatter(ToView(in), ToView(out), name,
-                                             Options(op, pre, post, ps, stats)));
+                                             Options(op, pre, post, ps, stats),
+                                             NoticeOnCompletion(notify)));
       },
       HVD_REDUCTION_ARGS("input"));
   m.def(
       "grouped_reducescatter_async",
       [](const std::vector<PyTensor>& ins, const std::vector<PyTensor>& outs,
          const std::string& name, int op, double pre, double post, int ps,
-         const std::vector<int32_t>& stats) {
+         const std::vector<int32_t>& stats, int64_t notify) {
         PyCallSite at;
         return Get(hvd::EnqueueGroupedReducescatter(ToViews(ins), ToViews(outs), name,
-                                                    Options(op, pre, post, ps, -1, stats)));
+                                                    Options(op, pre, post, ps, -1, stats),
+                                                    NoticeOnCompletion(notify)));
       },
       HVD_GROUPED_REDUCTION_ARGS);
   // The squared norms measured into (process set, group) since the last call, which resets
@@ -445,6 +513,27 @@ PYBIND11_MODULE(_core, m) {
   });
 
   // ---- completion ----
+  // The numbers of operations enqueued with notify= that have completed since the last call,
+  // in completion order; waits up to timeout seconds (negative: for good) for the first.
+  m.def("take_notices", [](double timeout) {
+    std::vector<int64_t> tokens;
+    {
+      py::gil_scoped_release release;
+      Notices& n = TheNotices();
+      std::unique_lock<std::mutex> lock(n.mu);
+      auto ready = [&n] { return !n.posted.empty(); };
+      if (timeout < 0) {
+        n.cv.wait(lock, ready);
+      } else {
+        n.cv.wait_for(lock, std::chrono::duration<double>(timeout), ready);
+      }
+      tokens.assign(n.posted.begin(), n.posted.end());
+      n.posted.clear();
+    }
+    return tokens;
+  });
+  m.def("post_notice", &PostNotice);  // wakes take_notices (e.g. to stop its thread)
+  m.def("ignore_notice", &IgnoreNotice);
   m.def("poll", [](int64_t handle) { return Get(hvd::Poll(handle)); });
   m.def("wait", [](int64_t handle) {
     hvd::Status s;

@@ -9,9 +9,9 @@ Each call returns a ``Work`` whose future one thread per group completes, in the
 operations were started, as the core finishes them (what DDP's reducer and FSDP wait on).
 Only CPU tensors: give CUDA tensors to NCCL (``backend="cpu:horovod_cpp,cuda:nccl"``).
 """
+import contextlib
 import itertools
 import threading
-from collections import deque
 
 import torch
 import torch.distributed as dist
@@ -39,9 +39,9 @@ class Work(dist.Work):
         self._result = result
 
     def wait(self, timeout=None):
-        # A thread that waits runs the operation's completion itself unless the group's
-        # thread already has (one thread switch fewer for a blocking call).
-        self._op.run()
+        # A thread that waits runs the operation's completion itself unless the completion
+        # thread already has (no thread switch for a blocking call).
+        self._op.run(waiter=True)
         self._future.wait()
         return True
 
@@ -91,18 +91,28 @@ def _fail(fut, error):
 
 class _Op(object):
     """An operation's completion (wait for its handle, copy results out) and its future; run
-    once, by whichever thread claims it first: the group's thread or one that waits."""
+    once, by whichever thread claims it first: the completion thread, woken by the core when
+    the operation has finished, or a thread that waits on it."""
 
-    __slots__ = ("finish", "future", "_claim")
+    __slots__ = ("token", "finish", "future", "_claim", "_armed")
 
-    def __init__(self, finish):
-        self.finish = finish
+    def __init__(self, token=-1):
+        self.token = token
+        self.finish = None
         self.future = torch.futures.Future()
         self._claim = threading.Lock()
+        self._armed = threading.Event()
 
-    def run(self):
+    def arm(self, finish):
+        self.finish = finish
+        self._armed.set()
+
+    def run(self, waiter=False):
         if not self._claim.acquire(blocking=False):
             return  # the other thread runs it
+        if waiter and self.token >= 0:
+            _COMPLETIONS.forget(self.token)
+        self._armed.wait()  # (the core may finish before the caller has armed it)
         try:
             value = self.finish()
         except BaseException as e:  # the operation's error, for whoever waits on it
@@ -113,48 +123,69 @@ class _Op(object):
         self.future.set_result(value)
 
 
-class _Completer(object):
-    """A thread that completes each operation in the order they were started (what futures
-    and DDP's reducer wait for), unless a thread waiting on it did already."""
+class _Completions(object):
+    """One thread for the process that completes operations as the core finishes them: each is
+    enqueued with a number (``notify=``) that the core posts when it completes
+    (``_core.take_notices``), so the thread wakes only for finished operations, in the order
+    they finish. What futures (DDP's reducer) wait for; a thread that waits on a Work runs the
+    completion itself, without a switch to this thread."""
 
-    def __init__(self, name):
-        self._name = name
-        self._queue = deque()
-        self._cv = threading.Condition()
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._ops = {}
+        self._count = itertools.count()
         self._thread = None
-        self._closed = False
 
-    def submit(self, finish):
-        op = _Op(finish)
-        with self._cv:
-            if self._closed:
-                raise RuntimeError("horovod_cpp backend: the process group has been shut down")
+    @contextlib.contextmanager
+    def reserve(self):
+        """An op whose number the enqueue in the with-block passes as ``notify=``."""
+        op = _Op(next(self._count))
+        with self._lock:
+            self._ops[op.token] = op
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, daemon=True, name=self._name)
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="hvd-c10d-completion")
                 self._thread.start()
-            self._queue.append(op)
-            self._cv.notify()
-        return op
+        try:
+            yield op
+        except BaseException:
+            with self._lock:
+                self._ops.pop(op.token, None)  # never enqueued: no notice will come
+            raise
+
+    def forget(self, token):
+        """The caller completes this op itself: the core's notice is not wanted."""
+        _core.ignore_notice(token)
+        with self._lock:
+            self._ops.pop(token, None)
 
     def _run(self):
         while True:
-            with self._cv:
-                while not self._queue and not self._closed:
-                    self._cv.wait()
-                if not self._queue:
-                    return
-                op = self._queue.popleft()
-            op.run()
+            for token in _core.take_notices(-1.0):
+                with self._lock:
+                    op = self._ops.pop(token, None)
+                if op is not None:
+                    op.run()
 
-    def close(self):
-        """Lets the thread finish what was started (each fails at once if the runtime is
-        down), then stop."""
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
+
+_COMPLETIONS = _Completions()
+
+
+def _when_done(ops, op):
+    """Runs ``op`` once every one of ``ops`` has completed (at once if there are none)."""
+    left = [len(ops)]
+    lock = threading.Lock()
+
+    def one_done(_):
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            op.run()
+    if not ops:
+        op.run()
+    for inner in ops:
+        inner.future.add_done_callback(one_done)
 
 
 def _contiguous(t):
@@ -177,7 +208,6 @@ class HorovodBackend(_C10dBackend):
         self._ps = process_set
         self._prefix = "c10d.%s." % group_name
         self._seq = itertools.count(1)
-        self._completer = _Completer("hvd-c10d-" + str(group_name))
         self._on_shutdown = on_shutdown
         self._coalesced = None  # operations started since start_coalescing
 
@@ -189,8 +219,15 @@ class HorovodBackend(_C10dBackend):
     def _name(self):
         return self._prefix + str(next(self._seq))
 
-    def _work(self, finish, result):
-        op = self._completer.submit(finish)
+    def _work(self, finish, result, op=None, after=None):
+        """The Work of an operation: ``op`` reserved for its enqueue (the core notifies its
+        completion), or one that completes once the ops in ``after`` have."""
+        if op is None:
+            op = _Op()
+            op.arm(finish)
+            _when_done(after or [], op)
+        else:
+            op.arm(finish)
         if self._coalesced is not None:
             self._coalesced.append(op)
         return Work(op, result)
@@ -219,10 +256,11 @@ class HorovodBackend(_C10dBackend):
                              % (root, len(self._ranks)))
         return self._ranks[root]
 
-    def _gather_into(self, source, flat):
+    def _gather_into(self, source, flat, op):
         """Starts gathering every rank's ``source`` (flattened) into ``flat`` (size x n)."""
         src = _contiguous(source).reshape(1, -1)
-        h = _core.allgather_into_async(describe(src), describe(flat), self._name(), self._ps)
+        h = _core.allgather_into_async(describe(src), describe(flat), self._name(), self._ps,
+                                       notify=op.token)
         return register(h, "into", src, flat)
 
     # ---- allreduce --------------------------------------------------------------------------
@@ -231,17 +269,20 @@ class HorovodBackend(_C10dBackend):
         self._check(tensors, what)
         bufs = [_contiguous(t) for t in tensors]
         views = [describe(b) for b in bufs]
-        if len(bufs) == 1:
-            h = _core.allreduce_async(views[0], views[0], self._name(), op, 1.0, 1.0, self._ps)
-        else:
-            h = _core.grouped_allreduce_async(views, views, self._name(), op, 1.0, 1.0, self._ps)
+        with _COMPLETIONS.reserve() as done:
+            if len(bufs) == 1:
+                h = _core.allreduce_async(views[0], views[0], self._name(), op, 1.0, 1.0,
+                                          self._ps, notify=done.token)
+            else:
+                h = _core.grouped_allreduce_async(views, views, self._name(), op, 1.0, 1.0,
+                                                  self._ps, notify=done.token)
         register(h, "group", bufs, bufs)
 
         def finish():
             synchronize(h)
             _copy_back(zip(tensors, bufs))
             return tensors
-        return self._work(finish, tensors)
+        return self._work(finish, tensors, done)
 
     def allreduce(self, tensors, opts):
         return self._allreduce(tensors, self._op(opts.reduceOp, "allreduce"), "allreduce")
@@ -262,7 +303,7 @@ class HorovodBackend(_C10dBackend):
             if mine:
                 t.copy_(tmp)
             return tensors
-        return self._work(finish, tensors)
+        return self._work(finish, tensors, after=[inner._op])
 
     # ---- allgather --------------------------------------------------------------------------
 
@@ -275,13 +316,14 @@ class HorovodBackend(_C10dBackend):
                              % (output.numel(), size, n * size, n))
         out = output if output.is_contiguous() else torch.empty_like(
             output, memory_format=torch.contiguous_format)
-        h = self._gather_into(input, out.view(size, n))
+        with _COMPLETIONS.reserve() as done:
+            h = self._gather_into(input, out.view(size, n), done)
 
         def finish():
             synchronize(h)
             _copy_back([(output, out)])
             return [output]
-        return self._work(finish, [output])
+        return self._work(finish, [output], done)
 
     _allgather_base = all_gather_single  # the name before PyTorch 2.6
 
@@ -295,21 +337,22 @@ class HorovodBackend(_C10dBackend):
             raise ValueError("horovod_cpp backend: all_gather needs %d outputs of %d elements, "
                              "got %s" % (size, inp.numel(), [o.numel() for o in outs]))
         flat = torch.empty((size, inp.numel()), dtype=inp.dtype)
-        h = self._gather_into(inp, flat)
+        with _COMPLETIONS.reserve() as done:
+            h = self._gather_into(inp, flat, done)
 
         def finish():
             synchronize(h)
             for i, o in enumerate(outs):
                 o.copy_(flat[i].view(o.shape))
             return output_lists
-        return self._work(finish, output_lists)
+        return self._work(finish, output_lists, done)
 
     def _several(self, works, result):
         def finish():
             for w in works:
                 w.wait()
             return result
-        return self._work(finish, result)
+        return self._work(finish, result, after=[w._op for w in works])
 
     def all_gather_single_coalesced(self, outputs, inputs, opts):
         return self._several([self.all_gather_single(o, i, opts)
@@ -322,7 +365,8 @@ class HorovodBackend(_C10dBackend):
         root = self._root(opts.rootRank)
         self._check([inp], "gather", allow_bool=True)
         flat = torch.empty((self.size(), inp.numel()), dtype=inp.dtype)
-        h = self._gather_into(inp, flat)
+        with _COMPLETIONS.reserve() as done:
+            h = self._gather_into(inp, flat, done)
         outs = output_lists[0] if self._ranks[self.rank()] == root else []
 
         def finish():
@@ -330,7 +374,7 @@ class HorovodBackend(_C10dBackend):
             for i, o in enumerate(outs):
                 o.copy_(flat[i].view(o.shape))
             return output_lists
-        return self._work(finish, output_lists)
+        return self._work(finish, output_lists, done)
 
     # ---- reduce-scatter ---------------------------------------------------------------------
 
@@ -340,15 +384,17 @@ class HorovodBackend(_C10dBackend):
         out = output if output.is_contiguous() else torch.empty_like(
             output, memory_format=torch.contiguous_format)
         target = out.view(1, n)
-        h = _core.reducescatter_async(describe(source_rows), describe(target), self._name(),
-                                      op, 1.0, 1.0, self._ps)
+        with _COMPLETIONS.reserve() as done:
+            h = _core.reducescatter_async(describe(source_rows), describe(target),
+                                          self._name(), op, 1.0, 1.0, self._ps,
+                                          notify=done.token)
         register(h, "single", (source_rows, target), target)
 
         def finish():
             synchronize(h)
             _copy_back([(output, out)])
             return [output]
-        return self._work(finish, [output])
+        return self._work(finish, [output], done)
 
     def reduce_scatter_single(self, output, input, opts):
         what = "reduce_scatter_tensor"
@@ -388,29 +434,33 @@ class HorovodBackend(_C10dBackend):
         self._check(tensors, "broadcast", allow_bool=True)
         root = self._root(opts.rootRank)
         works = []
-        for t in tensors:
-            buf = _contiguous(t)
-            h = _core.broadcast_async(describe(buf), describe(buf), root, self._name(), self._ps)
-            register(h, "single", buf, buf)
-            works.append((t, buf, h))
+        with _COMPLETIONS.reserve() as done:
+            for i, t in enumerate(tensors):
+                buf = _contiguous(t)
+                last = i == len(tensors) - 1  # its notice completes the Work (waiting for all)
+                h = _core.broadcast_async(describe(buf), describe(buf), root, self._name(),
+                                          self._ps, notify=done.token if last else -1)
+                register(h, "single", buf, buf)
+                works.append((t, buf, h))
 
         def finish():
             for t, buf, h in works:
                 synchronize(h)
                 _copy_back([(t, buf)])
             return tensors
-        return self._work(finish, tensors)
+        return self._work(finish, tensors, done)
 
     def _alltoall(self, flat, splits, on_received, result):
-        h = _core.alltoall_async(describe(flat), [int(s) for s in splits], self._name(),
-                                 self._ps)
+        with _COMPLETIONS.reserve() as done:
+            h = _core.alltoall_async(describe(flat), [int(s) for s in splits], self._name(),
+                                     self._ps, notify=done.token)
         register(h, "alltoall", flat, None)
 
         def finish():
             got, received = synchronize(h)
             on_received(got, [int(r) for r in received])
             return result
-        return self._work(finish, result)
+        return self._work(finish, result, done)
 
     def all_to_all_single(self, output, input, output_splits, input_splits, opts):
         what = "all_to_all_single"
@@ -475,7 +525,7 @@ class HorovodBackend(_C10dBackend):
         # Started after this group's earlier operations, it returns once every rank has
         # started it; then those operations are waited for, as Gloo's barrier does.
         _core.barrier(self._ps)
-        return self._work(lambda: [], [])
+        return self._work(lambda: [], [], after=[])
 
     def _no_p2p(self, *args):
         raise RuntimeError("horovod_cpp backend: point-to-point send/recv is not supported "
@@ -495,12 +545,11 @@ class HorovodBackend(_C10dBackend):
                 op.run()
                 op.future.wait()
             return []
-        return self._work(finish, [])
+        return self._work(finish, [], after=ops)
 
     _start_coalescing, _end_coalescing = start_coalescing, end_coalescing
 
     def shutdown(self):
-        self._completer.close()
         if self._on_shutdown is not None:
             callback, self._on_shutdown = self._on_shutdown, None
             callback()
