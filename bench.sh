@@ -6,10 +6,12 @@
 # ~55 of them across test hosts (~18 for gradient compression: every compressor on the MLP and
 # the CNN at 2 hosts x 1 and x 2 ranks, 1 and 10 Gbit/s, interleaved over 3 rounds, FIGURE
 # C1/C2; 2 for autotuning when the link changes, A3; ~5 for adaptive training's resizes, RS1;
-# ~27 for the goodput scheduler against FCFS, 12 jobs under each, SCHED1),
+# ~27 for the goodput scheduler against FCFS, 12 jobs under each, SCHED1; ~6 for DDP on the
+# torch.distributed backend, TD2),
 # 6 for the sharded optimizer's figures, ~17 for stage 3's (~12 of them the 1.3 B-parameter model
 # under a memory limit, M1), ~7 for autotuning (a grid of static
-# settings and the tuner, A1/A2), ~15 for adaptive training's time to accuracy (TTA1-4).
+# settings and the tuner, A1/A2), ~15 for adaptive training's time to accuracy (TTA1-4), ~5 for
+# DDP on the torch.distributed backend against DDP on Gloo (TD1).
 #   ./bench.sh                 all figures (allreduce over shared memory, TCP and test hosts,
 #                              timeline overhead, training throughput vs DDP, Gloo vs MPI)
 #   ./bench.sh --quick         fewer repetitions (noisier)
@@ -64,6 +66,7 @@ if ((quick)); then
   ST=(--blocks 3 --steps 8); PP=(--reps 15); VH=(--reps 6 --blocks 3); ROUNDS=2
   XR=(--reps 3 --resnet-reps 2); XS=(--steps 10); FTD=(--blocks 1 --steps 1); ATS=(450 400)
   FTP=(--blocks 2 --steps 2); SM=(--warmup 1 --steps 2); DL_STEPS=3
+  TD=(--blocks 2 --steps 2 --reps 5)
 else
   AR=(--reps 60 --resnet-reps 20); TL=(); ST=(--blocks 16); PP=(); VH=(); ROUNDS=3
   XR=(--reps 8 --resnet-reps 4); XS=(--steps 30)
@@ -73,6 +76,7 @@ else
   FTP=(--blocks 3 --steps 4)   # PyPI's: ~1 s
   SM=()                        # sharded_memory.py's defaults: 2 warm-up + 4 timed steps
   DL_STEPS=20                  # stage3_meta_init.py: ~25 s a step at 4 ranks on 2 cores
+  TD=()                        # c10d_ddp.py's defaults: 6 interleaved blocks of 5 steps
 fi
 LIMIT_MIB=4096   # stage 3's demonstration: each rank's memory limit
 if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT; fi
@@ -95,6 +99,11 @@ if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT;
     echo "# training throughput vs torch DDP (gloo), PyPI's torch $(.venv-pypi/bin/python -c 'import torch; print(torch.__version__)')"
     "${MPIRUN[@]}" .venv-pypi/bin/python examples/bench/synthetic_train.py "${ST[@]}" \
       --label _pypi_torch
+    echo "# DDP on the torch.distributed backend vs DDP on Gloo, torchrun --nproc-per-node 2, 3 runs; one collective's cost through the backend vs hvd.allreduce (FIGURE TD1)"
+    for run in 1 2 3; do
+      OMP_NUM_THREADS=1 .venv-pypi/bin/python -m torch.distributed.run --standalone \
+        --nproc-per-node 2 examples/bench/c10d_ddp.py --id TD1 --label "_torchrun_run$run" "${TD[@]}"
+    done
     echo "# a DistilBERT-shaped fine-tune (66 M parameters), 1 -> 2 ranks: scaling efficiency vs DDP's"
     finetune=$(mktemp -d build/finetune.XXXXXX)
     for lane in debian pypi; do
@@ -258,6 +267,12 @@ if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT;
                build/examples/bench/allreduce_bench --transport tcp --figures G1 --sizes-mib 64 \
                --g1-target 1.3 --label "_hierarchical_vs_flat_2x2_$rate" "${XR[@]}")
         echo "$hier"
+        echo "# DDP on the torch.distributed backend vs DDP on Gloo, 2 hosts x 1 rank, $rate (on MPI), 3 runs"
+        for run in 1 2 3; do
+          "${HOSTRUN[@]}" -np 2 -H hvd-h1:1,hvd-h2:1 -x MASTER_ADDR=10.200.0.11 \
+            -x MASTER_PORT=29561 -x GLOO_SOCKET_IFNAME=eth0 .venv-pypi/bin/python \
+            examples/bench/c10d_ddp.py --id TD2 --label "_2x1_${rate}_run$run" "${TD[@]}"
+        done
         # Hierarchical vs our own flat path (the two runs above, one after the other).
         python3 - "$(grep 'FIGURE G1 ' <<< "$flat")" "$(grep 'FIGURE G1 ' <<< "$hier")" "$rate" <<'PY'
 import sys

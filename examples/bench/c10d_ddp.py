@@ -11,12 +11,12 @@ mpirun on MPI); the baseline a Gloo group of the same ranks. Models: ``mlp`` (8 
 config: 4 layers, hidden 256, vocabulary 30,522, 11 M parameters; sequences of 64). Rank 0
 prints one line per model,
 
-    C10D model=... ours_samples_per_s=... gloo_samples_per_s=... ratio=... ratios=[...]
+    FIGURE TD1_mlp name=... ratio=... ratios=[...] ours_samples_per_s=... gloo_samples_per_s=...
 
-(ratio: the median over blocks of ours/Gloo's samples/s; ratios: each block pair's), then, with
---collective-kib, ``C10D_OP`` lines: the p50 latency of dist.all_reduce on the backend, of
-hvd.allreduce (horovod_cpp's API) and of dist.all_reduce on Gloo, and overhead_us = backend -
-hvd API. Both DDP copies take the same steps from the same weights: their parameters must agree
+(ratio: the median over blocks of ours/Gloo's samples/s; ratios: each block pair's), as
+``FIGURE <id>_<model>`` (target >= 1.0); then, with --collective-kib, ``FIGURE <id>_op_<kib>KiB``
+lines: the p50 latency of dist.all_reduce on the backend, of hvd.allreduce (horovod_cpp's API)
+and of dist.all_reduce on Gloo, and overhead_us = backend - hvd API (no target). Both DDP copies take the same steps from the same weights: their parameters must agree
 (a mismatch exits 1).
 """
 import argparse
@@ -97,12 +97,17 @@ def train(args, model, batch, gloo, rank, size):
     worst = max((a - b).abs().max().item()
                 for a, b in zip(ours.model.parameters(), base.model.parameters()))
     if rank == 0:
-        print("C10D model=%s np=%d params=%d batch=%d steps=%d blocks=%d ours_samples_per_s=%.1f "
-              "gloo_samples_per_s=%.1f ratio=%.3f ratios=[%s] max_param_diff=%.2e torch=%s"
-              % (model, size, sum(p.numel() for p in ours.model.parameters()), batch,
-                 args.steps, args.blocks, samples / statistics.median(t_ours),
-                 samples / statistics.median(t_base), statistics.median(ratios),
-                 ",".join("%.3f" % r for r in ratios), worst, torch.__version__), flush=True)
+        ratio = statistics.median(ratios)
+        print("FIGURE %s_%s name=ddp_on_horovod_cpp_vs_gloo_%s%s p50_ms=%.1f baseline=torch_DDP_gloo "
+              "base_p50_ms=%.1f ratio=%.3f ratios=[%s] ours_samples_per_s=%.1f "
+              "gloo_samples_per_s=%.1f np=%d params=%d batch=%d max_param_diff=%.2e torch=%s "
+              "target=>=1.0 met=%s"
+              % (args.id, model, model, args.label, statistics.median(t_ours) * 1e3 / args.steps,
+                 statistics.median(t_base) * 1e3 / args.steps, ratio,
+                 ",".join("%.3f" % r for r in ratios), samples / statistics.median(t_ours),
+                 samples / statistics.median(t_base), size,
+                 sum(p.numel() for p in ours.model.parameters()), batch, worst,
+                 torch.__version__, "yes" if ratio >= 1.0 else "no"), flush=True)
     return worst
 
 
@@ -125,9 +130,11 @@ def collective_latency(args, gloo, rank):
                     times[name].append((time.perf_counter() - s) / args.ops * 1e6)
         p50 = {k: percentile(v, 0.5) for k, v in times.items()}
         if rank == 0:
-            print("C10D_OP kib=%d backend_us=%.1f hvd_api_us=%.1f gloo_us=%.1f overhead_us=%.1f"
-                  % (kib, p50["backend"], p50["hvd_api"], p50["gloo"],
-                     p50["backend"] - p50["hvd_api"]), flush=True)
+            print("FIGURE %s_op_%dKiB name=c10d_work_path_allreduce_%dKiB%s p50_us=%.1f "
+                  "baseline=hvd.allreduce base_p50_us=%.1f overhead_us=%.1f gloo_p50_us=%.1f "
+                  "target=n/a met=n/a"
+                  % (args.id, kib, kib, args.label, p50["backend"], p50["hvd_api"],
+                     p50["backend"] - p50["hvd_api"], p50["gloo"]), flush=True)
 
 
 def main():
@@ -140,6 +147,8 @@ def main():
                    default=[4, 1024])
     p.add_argument("--ops", type=int, default=20, help="collectives per timed repetition")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--id", default="TD1")
+    p.add_argument("--label", default="", help="appended to the figures' names")
     args = p.parse_args()
     torch.set_num_threads(1)
     if "OMPI_COMM_WORLD_RANK" in os.environ:
