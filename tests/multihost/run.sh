@@ -227,6 +227,22 @@ fi
 rm -f "$spark_report"
 "$TESTBED" spark down
 
+# Spark's TorchDistributor (local_mode=False) on the same cluster started from the PyPI lane
+# (its pyspark and torch: the torch.distributed backend needs PyTorch >= 2.2): a DDP function
+# on the horovod_cpp backend, one process on each worker host, against Gloo.
+PY_PYPI="$ROOT_DIR/.venv-pypi/bin/python"
+if ! selected "Spark TorchDistributor" || [[ ! -x $PY_PYPI ]]; then
+  :
+elif master=$("$TESTBED" spark up --cores 2 --python "$PY_PYPI" | tail -1); then
+  run "Spark TorchDistributor (PyPI lane)" 600 env HVD_SPARK_MASTER="$master" sh -c \
+    "cd '$ROOT_DIR/tests/multihost/spark' && '$PY_PYPI' -m pytest test_torch_distributor.py"
+  "$TESTBED" spark down
+else
+  echo "multihost: FAIL the Spark cluster (PyPI lane) did not start" >&2
+  failures=$((failures + 1))
+  "$TESTBED" spark down
+fi
+
 # A Ray cluster across the hosts (testbed.sh ray up: the head on hvd-h1, the driver's host, with
 # no CPUs; a 2-CPU node on hvd-h2 and hvd-h3, token authentication): horovod_cpp.ray's
 # RayExecutor there (tests/multihost/ray: placement, ranks per host, errors, and last a worker
