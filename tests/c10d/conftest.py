@@ -14,7 +14,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pytest_deadline import deadline  # noqa: E402,F401  (a per-test deadline)
 
+# HOROVOD_* knobs apply to the backend's collectives: the tests below see these two.
 os.environ.setdefault("HOROVOD_DEADLOCK_GRACE_SECONDS", "2")
+os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", "1")
 
 import torch.distributed as dist  # noqa: E402
 

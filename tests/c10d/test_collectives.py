@@ -4,6 +4,7 @@ that diverge, and the timeline."""
 import json
 import os
 import tempfile
+import time
 
 import pytest
 import torch
@@ -181,7 +182,6 @@ def test_all_to_all_single_with_even_and_uneven_splits(groups):
 
 
 def test_barrier_waits_for_every_rank():
-    import time
     if rank() == 0:
         time.sleep(0.3)
     start = time.time()
@@ -269,7 +269,23 @@ def test_a_rank_that_skips_a_collective_is_named_within_the_deadlock_grace():
     msg = str(info.value)
     assert "deadlock" in msg.lower() and "rank %d" % (size() - 1) in msg, msg
     assert "test_collectives.py" in msg, msg  # the call sites
+    assert "for 2 s, HOROVOD_DEADLOCK_GRACE_SECONDS" in msg, msg  # the conftest's setting
     dist.destroy_process_group(group)
+
+
+def test_the_stall_inspector_names_a_rank_that_is_late(capfd):
+    # HOROVOD_STALL_CHECK_TIME_SECONDS=1 (conftest): rank 0's coordinator warns while the last
+    # rank computes, naming it and the collective; then the collective completes.
+    late = size() - 1
+    if rank() == late:
+        time.sleep(2.5)
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((2,), float(size())))
+    err = capfd.readouterr().err
+    if rank() == 0:
+        assert "Missing ranks:\n%d: [c10d.0." % late in err, err
+        assert "test_collectives.py" in err, err  # where the others submitted it
 
 
 def test_the_timeline_records_the_backends_collectives():

@@ -336,7 +336,11 @@ class HorovodBackend(_C10dBackend):
         if len(outs) != size or any(o.numel() != inp.numel() for o in outs):
             raise ValueError("horovod_cpp backend: all_gather needs %d outputs of %d elements, "
                              "got %s" % (size, inp.numel(), [o.numel() for o in outs]))
-        flat = torch.empty((size, inp.numel()), dtype=inp.dtype)
+        return self._gather_rows(inp, outs, output_lists)
+
+    def _gather_rows(self, inp, outs, result):
+        """Gathers every rank's ``inp`` and copies rank i's into ``outs[i]`` (if any)."""
+        flat = torch.empty((self.size(), inp.numel()), dtype=inp.dtype)
         with _COMPLETIONS.reserve() as done:
             h = self._gather_into(inp, flat, done)
 
@@ -344,8 +348,8 @@ class HorovodBackend(_C10dBackend):
             synchronize(h)
             for i, o in enumerate(outs):
                 o.copy_(flat[i].view(o.shape))
-            return output_lists
-        return self._work(finish, output_lists, done)
+            return result
+        return self._work(finish, result, done)
 
     def _several(self, works, result):
         def finish():
@@ -364,17 +368,8 @@ class HorovodBackend(_C10dBackend):
         (inp,) = input_list
         root = self._root(opts.rootRank)
         self._check([inp], "gather", allow_bool=True)
-        flat = torch.empty((self.size(), inp.numel()), dtype=inp.dtype)
-        with _COMPLETIONS.reserve() as done:
-            h = self._gather_into(inp, flat, done)
         outs = output_lists[0] if self._ranks[self.rank()] == root else []
-
-        def finish():
-            synchronize(h)
-            for i, o in enumerate(outs):
-                o.copy_(flat[i].view(o.shape))
-            return output_lists
-        return self._work(finish, output_lists, done)
+        return self._gather_rows(inp, outs, output_lists)
 
     # ---- reduce-scatter ---------------------------------------------------------------------
 
