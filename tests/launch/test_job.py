@@ -273,6 +273,9 @@ TORCH_LAYERS = [
     ["adaptive.data"],
     ["adaptive.parallel"],
     ["adaptive"],
+    # the torch.distributed backend: its rendezvous and operations, then its registration
+    ["distributed.rendezvous", "distributed.backend"],
+    ["distributed"],
     # the face, and the old paths kept for one release
     ["", "mpi_ops", "powersgd", "sharded", "sharded_model"],
 ]
