@@ -102,7 +102,7 @@ if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT;
     echo "# DDP on the torch.distributed backend vs DDP on Gloo, torchrun --nproc-per-node 2, 3 runs; one collective's cost through the backend vs hvd.allreduce (FIGURE TD1)"
     for run in 1 2 3; do
       OMP_NUM_THREADS=1 .venv-pypi/bin/python -m torch.distributed.run --standalone \
-        --nproc-per-node 2 examples/bench/c10d_ddp.py --id TD1 --label "_torchrun_run$run" "${TD[@]}"
+        --local-addr 127.0.0.1 --nproc-per-node 2 examples/bench/c10d_ddp.py --id TD1 --label "_torchrun_run$run" "${TD[@]}"
     done
     echo "# a DistilBERT-shaped fine-tune (66 M parameters), 1 -> 2 ranks: scaling efficiency vs DDP's"
     finetune=$(mktemp -d build/finetune.XXXXXX)

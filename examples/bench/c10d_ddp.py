@@ -154,6 +154,8 @@ def main():
     if "OMPI_COMM_WORLD_RANK" in os.environ:
         os.environ.setdefault("RANK", os.environ["OMPI_COMM_WORLD_RANK"])
         os.environ.setdefault("WORLD_SIZE", os.environ["OMPI_COMM_WORLD_SIZE"])
+    if os.environ.get("MASTER_ADDR", "127.0.0.1") in ("127.0.0.1", "localhost"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # (the host name may not resolve)
     dist.init_process_group("horovod_cpp")
     gloo = dist.new_group(backend="gloo")
     rank, size = dist.get_rank(), dist.get_world_size()

@@ -17,6 +17,9 @@ from pytest_deadline import deadline  # noqa: E402,F401  (a per-test deadline)
 # HOROVOD_* knobs apply to the backend's collectives: the tests below see these two.
 os.environ.setdefault("HOROVOD_DEADLOCK_GRACE_SECONDS", "2")
 os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", "1")
+# The reference groups are torch's Gloo, which finds its address from the host name unless
+# told: a new machine's may not resolve. All ranks of these suites are on this host.
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 import torch.distributed as dist  # noqa: E402
 

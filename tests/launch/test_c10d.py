@@ -19,6 +19,12 @@ spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.deadline(300)
 
+# torch's Gloo (the reference) finds its address from the host name unless told; a new
+# machine's may not resolve. Every process of these tests is on this host.
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+# torchrun --standalone (here and in TorchDistributor's local mode) advertises its store under
+# the host name unless given a local address (PET_LOCAL_ADDR is --local-addr).
+os.environ.setdefault("PET_LOCAL_ADDR", "127.0.0.1")
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAMS = os.path.join(os.path.dirname(HERE), "c10d", "programs")
 DDP_TRAIN = os.path.join(PROGRAMS, "ddp_train.py")

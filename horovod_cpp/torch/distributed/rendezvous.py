@@ -58,11 +58,11 @@ def _store_host(store):
     return None
 
 
-def _facing_address(store):
+def _facing_address(store, own=False):
     """An address of this host that the other ranks reach: HOROVOD_GLOO_RENDEZVOUS_ADDR if
-    set, else this host's address on the route to the c10d store's host (loopback when the
-    store is on this host under a loopback name)."""
-    if os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+    set (unless ``own``), else this host's address on the route to the c10d store's host
+    (loopback when the store is on this host under a loopback name)."""
+    if os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR") and not own:
         return os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"]
     host = _store_host(store) or os.environ.get("MASTER_ADDR") or "127.0.0.1"
     try:
@@ -103,6 +103,11 @@ def start(store, rank, size, timeout):
     }
     if seconds is not None and "HOROVOD_GLOO_TIMEOUT_SECONDS" not in os.environ:
         env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(seconds)
+    if not os.environ.get("HOROVOD_HOSTNAME") and not os.environ.get("HOROVOD_GLOO_IFACE"):
+        # Gloo listens on this address and the ranks of one host share it: this host's address
+        # on the route to the store (loopback when the store is on this host's loopback), so a
+        # host name that does not resolve (a minimal machine, a container) cannot stop it.
+        env["HOROVOD_HOSTNAME"] = _facing_address(store, own=True)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
