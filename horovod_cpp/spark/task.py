@@ -17,6 +17,8 @@ import hashlib
 import json
 import os
 import queue
+import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -45,6 +47,10 @@ def host_hash(salt=""):
     return "%s-%s" % (safe, h.hexdigest()[:12])
 
 
+# "orte_tmpdir_base <value>" in an orted command line (the value quoted or not).
+_TMPDIR_BASE = re.compile(r"""(orte_tmpdir_base\s+)("[^"]*"|'[^']*'|\S+)""")
+
+
 class TaskService(object):
     """Runs commands for the rsh agent: {"type": "run", "command": str} starts ``sh -c
     command`` and answers with {"type": "out", "stream", "data"} frames and a final {"type":
@@ -69,8 +75,12 @@ class TaskService(object):
         # and the job, so daemons of one job on one machine (several barrier tasks of a host,
         # or mpirun and a daemon in task 0) would share it, and creating it races: one of them
         # fails in orte_init ("mkdir ... File exists", or a crash).
+        # mpirun passes its own base on the daemons' command line (job/mpirun.py's
+        # own_session_dir), which would override this one: it is replaced there too.
         tmpdir = tempfile.mkdtemp(prefix="hvd-orted-")
         env = dict(os.environ, OMPI_MCA_orte_tmpdir_base=tmpdir)
+        message["command"] = _TMPDIR_BASE.sub(lambda m: m.group(1) + shlex.quote(tmpdir),
+                                              message["command"])
         try:
             with self._lock:
                 if self._stopped:
