@@ -33,16 +33,12 @@ def _process_set_for(ranks):
     """The core's process set of these global ranks, added if there is none (a collective of
     every rank: members call it from the backend's creator, the others from the group
     helper)."""
-    from horovod_cpp.torch.basics import _core
     if ranks == list(range(basics.size())):
         return 0
-    for ps in _core.process_set_ids():
-        if ps and list(_core.process_set_info(ps)[0]) == ranks:
+    for ps in basics._core.process_set_ids():
+        if ps and list(basics._core.process_set_info(ps)[0]) == ranks:
             return ps
-    return _core.add_process_set(ranks)
-
-
-_default = {"started": None}
+    return basics._core.add_process_set(ranks)
 
 
 def _create(opts, backend_options):
@@ -51,9 +47,7 @@ def _create(opts, backend_options):
     ranks = sorted(opts.global_ranks_in_group) or list(range(size))
     on_shutdown = None
     if not dist.is_initialized():  # the default group: start the runtime
-        started = rendezvous.start(opts.store, rank, size, opts.timeout)
-        _default["started"] = started
-        on_shutdown = started.close
+        on_shutdown = rendezvous.start(opts.store, rank, size, opts.timeout).close
         ps = 0
     else:
         if not basics.is_initialized():
