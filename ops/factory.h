@@ -13,6 +13,7 @@
 
 #include "base/status.h"
 #include "ops/backend.h"
+#include "ops/ccl.h"
 #include "ops/device.h"
 
 namespace hvd {
@@ -27,16 +28,21 @@ struct Backends {
 };
 
 struct BackendOptions {
-  std::string host = "mpi";  // "mpi" or "gloo"
+  std::string host = "mpi";  // the controller: "mpi" or "gloo"
+  // The CPU collectives: "" (the controller's own) or "ccl" (oneCCL, beside the controller).
+  std::string cpu_operations;
+  CclOptions ccl;  // HOROVOD_CCL_* knobs (Init fills them from the Config)
 
-  // Horovod's settings: HOROVOD_CONTROLLER and HOROVOD_CPU_OPERATIONS, each "mpi" or "gloo"
-  // (either case). One backend carries both here, so they must not name different ones; one
-  // of them set is enough. Unset: MPI.
+  // Horovod's settings: HOROVOD_CONTROLLER ("mpi" or "gloo") and HOROVOD_CPU_OPERATIONS ("mpi",
+  // "gloo" or "ccl"), either case. MPI and Gloo each carry both planes here, so those two
+  // must not name different ones (one of them set is enough); "ccl" runs the CPU collectives
+  // on oneCCL under either controller. Unset: MPI.
   static Result<BackendOptions> FromEnv();
 };
 
 // Whether this build has the Gloo backend (libgloo was found).
 bool GlooBuilt();
+// (CclBuilt(), in ops/ccl.h: whether it has oneCCL.)
 
 Result<Backends> CreateBackends(const BackendOptions& options = {});
 

@@ -13,6 +13,7 @@ PACKAGES=(
   ccache                                                   # rebuilds from its cache
   libopenmpi-dev openmpi-bin                               # MPI backend, mpirun
   libgloo-dev libssl-dev                                   # Gloo backend, its store's HMAC
+  libfabric1                                               # oneCCL's transport (install_ccl.sh)
   libboost-program-options-dev                             # example/benchmark flags
   pybind11-dev python3-pybind11 python3-dev python3-venv   # Python module
   libtorch-dev python3-torch python3-numpy                 # LibTorch API, torch layer
@@ -35,7 +36,7 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
-  exit 0
+  exec "$(dirname "$0")/install_ccl.sh"   # oneCCL from PyPI into the shared cache (once)
 fi
 
 echo "install_deps: installing ${missing[*]}" >&2
@@ -47,3 +48,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 "${SUDO[@]}" apt-get update -qq
 "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+exec "$(dirname "$0")/install_ccl.sh"

@@ -18,7 +18,9 @@ from horovod_cpp.job.rendezvous import RendezvousServer, new_secret  # noqa: E40
 def main(argv):
     secret = new_secret()
     server = RendezvousServer(secret, bind="127.0.0.1")
-    env = dict(os.environ, HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo",
+    # (oneCCL's data plane stays if asked for: it runs beside either controller)
+    cpu = "ccl" if os.environ.get("HOROVOD_CPU_OPERATIONS") == "ccl" else "gloo"
+    env = dict(os.environ, HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS=cpu,
                HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1",
                HOROVOD_GLOO_RENDEZVOUS_PORT=str(server.port), HOROVOD_GLOO_SECRET=secret,
                HOROVOD_HOSTNAME="127.0.0.1")

@@ -84,6 +84,8 @@ Status Init(const InitOptions& options) {
   // an op that failed on one rank while the runtime was down must not shift its sequence.
   for (auto& n : rt.noname) n = 0;
   HVD_ASSIGN_OR_RETURN(ops::BackendOptions backend_options, ops::BackendOptions::FromEnv());
+  backend_options.ccl.worker_count = static_cast<int>(config.ccl_worker_count);
+  backend_options.ccl.worker_affinity = config.ccl_worker_affinity;
   HVD_ASSIGN_OR_RETURN(ops::Backends backends, ops::CreateBackends(backend_options));
   // Routing (enqueue.cc) asks what was built here, not the build: a test or a future option
   // may run without a device backend where NCCL exists.

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,17 @@ std::vector<DataType> AllTypes() {
   std::vector<DataType> types(std::begin(kNumericTypes), std::end(kNumericTypes));
   types.push_back(DataType::kBool);
   return types;
+}
+
+// The suite runs on every host backend (ctest's _gloo_ and _ccl_ variants): make sure it runs
+// on the one it was asked for, not on a fallback.
+TEST(Backend, IsTheOneAskedFor) {
+  const char* cpu = std::getenv("HOROVOD_CPU_OPERATIONS");
+  const char* controller = std::getenv("HOROVOD_CONTROLLER");
+  const std::string want = cpu != nullptr && std::string(cpu) == "ccl"         ? "oneCCL"
+                           : controller != nullptr && std::string(controller) == "gloo" ? "Gloo"
+                                                                                       : "MPI";
+  EXPECT_EQ(*HostBackendName(), want);
 }
 
 TEST(Allgather, VariableFirstDimensionEveryDtype) {

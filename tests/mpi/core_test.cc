@@ -102,7 +102,9 @@ TEST(Core, TopologyMatchesMpi) {
   EXPECT_TRUE(Init().ok());  // idempotent
   const char* controller = std::getenv("HOROVOD_CONTROLLER");
   const bool gloo = controller != nullptr && std::string(controller) == "gloo";
-  EXPECT_EQ(*HostBackendName(), gloo ? "Gloo" : "MPI");
+  const char* cpu = std::getenv("HOROVOD_CPU_OPERATIONS");
+  const bool ccl = cpu != nullptr && std::string(cpu) == "ccl";
+  EXPECT_EQ(*HostBackendName(), ccl ? "oneCCL" : gloo ? "Gloo" : "MPI");
   EXPECT_EQ(*MpiThreadsSupported(), !gloo);  // Gloo's runs report no MPI threading
 }
 

@@ -5,6 +5,8 @@
 
 #include "ops/factory.h"
 
+#include <cstdlib>
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -31,9 +33,61 @@ TEST(BackendFactory, MakesTheMpiHostBackendAndTheDeviceBackendThisBuildHas) {
 }
 
 TEST(BackendFactory, AnUnknownHostBackendIsAClearError) {
-  Result<ops::Backends> b = ops::CreateBackends(ops::BackendOptions{"carrier-pigeon"});
+  ops::BackendOptions options;
+  options.host = "carrier-pigeon";
+  Result<ops::Backends> b = ops::CreateBackends(options);
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().message(), "unknown host backend 'carrier-pigeon' (known: mpi, gloo)");
+}
+
+// oneCCL wraps the controller's backend where the build has it, and is a clear error where not.
+TEST(BackendFactory, CclWrapsTheControllerOrIsAClearErrorWithoutIt) {
+  ops::BackendOptions options;
+  options.cpu_operations = "ccl";
+  Result<ops::Backends> b = ops::CreateBackends(options);
+  if (ops::CclBuilt()) {
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_STREQ(b->host->name(), "oneCCL");
+    EXPECT_STREQ(b->host->ActivityName(OpType::kAllreduce), "CCL_ALLREDUCE");
+    b->device.reset();
+  } else {
+    ASSERT_FALSE(b.ok());
+    EXPECT_NE(b.status().message().find("this build of horovod_cpp has no oneCCL"),
+              std::string::npos)
+        << b.status().message();
+  }
+}
+
+TEST(BackendFactory, HorovodsVariablesChooseControllerAndCpuOperations) {
+  struct Case {
+    const char* controller;
+    const char* cpu;
+    const char* host;       // expected controller, or nullptr for an error
+    const char* cpu_ops;    // expected cpu_operations
+  };
+  const Case cases[] = {
+      {nullptr, nullptr, "mpi", ""},   {"gloo", nullptr, "gloo", ""},
+      {nullptr, "GLOO", "gloo", ""},   {"mpi", "ccl", "mpi", "ccl"},
+      {"gloo", "ccl", "gloo", "ccl"},  {nullptr, "ccl", "mpi", "ccl"},
+      {"gloo", "mpi", nullptr, ""},    {"ccl", nullptr, nullptr, ""},
+      {nullptr, "nccl", nullptr, ""},
+  };
+  for (const Case& c : cases) {
+    c.controller ? setenv("HOROVOD_CONTROLLER", c.controller, 1) : unsetenv("HOROVOD_CONTROLLER");
+    c.cpu ? setenv("HOROVOD_CPU_OPERATIONS", c.cpu, 1) : unsetenv("HOROVOD_CPU_OPERATIONS");
+    Result<ops::BackendOptions> o = ops::BackendOptions::FromEnv();
+    const std::string label = std::string(c.controller ? c.controller : "-") + "/" +
+                              (c.cpu ? c.cpu : "-");
+    if (c.host == nullptr) {
+      EXPECT_FALSE(o.ok()) << label;
+      continue;
+    }
+    ASSERT_TRUE(o.ok()) << label << ": " << o.status().ToString();
+    EXPECT_EQ(o->host, c.host) << label;
+    EXPECT_EQ(o->cpu_operations, c.cpu_ops) << label;
+  }
+  unsetenv("HOROVOD_CONTROLLER");
+  unsetenv("HOROVOD_CPU_OPERATIONS");
 }
 
 // Records what the loop asks of it; only Allreduce is expected.
