@@ -377,7 +377,11 @@ void LowRankFinish(float* matrix, const float* pt, const float* qt, int64_t r, i
 int NcclBuilt();
 // Whether this build has the Gloo backend (HOROVOD_CONTROLLER=gloo; libgloo-dev at build time).
 bool GlooBuilt();
-// The backend the running job negotiates and reduces CPU tensors with: "MPI" or "Gloo".
+// Whether this build has the oneCCL data plane (HOROVOD_CPU_OPERATIONS=ccl;
+// scripts/install_ccl.sh before the build).
+bool CclBuilt();
+// The backend the running job reduces CPU tensors with: "MPI", "Gloo" or "oneCCL" (the last
+// beside an MPI or Gloo controller, which HOROVOD_CONTROLLER names).
 Result<std::string> HostBackendName();
 
 }  // namespace hvd

@@ -317,12 +317,22 @@ class CclBackend final : public Backend {
     const Topology& t = ctl_->topology();
     // Settings oneCCL reads at its first initialisation in this process.
     DefaultEnv("CCL_ATL_TRANSPORT", "ofi", nullptr);
+    // oneCCL warns about every setting that differs from its default (ours above): errors only,
+    // unless the user asks for more.
+    DefaultEnv("CCL_LOG_LEVEL", "error", nullptr);
     DefaultEnv("CCL_PROCESS_LAUNCHER", "none", nullptr);
     DefaultEnv("CCL_LOCAL_RANK", std::to_string(t.local_rank), nullptr);
     DefaultEnv("CCL_LOCAL_SIZE", std::to_string(t.local_size), nullptr);
+    // horovod_cpp's background thread is already a thread for communication: by default it
+    // drives oneCCL's collectives itself (no offload). oneCCL's workers busy-poll; where ranks
+    // share cores with them (measured at 2 ranks on 2 cores) a 64 MiB allreduce took 1.43 s
+    // with one worker per rank against 66 ms without.
     if (options_.worker_count > 0) {
+      DefaultEnv("CCL_WORKER_OFFLOAD", "1", "HOROVOD_CCL_WORKER_COUNT");
       DefaultEnv("CCL_WORKER_COUNT", std::to_string(options_.worker_count),
                  "HOROVOD_CCL_WORKER_COUNT");
+    } else {
+      DefaultEnv("CCL_WORKER_OFFLOAD", "0", nullptr);
     }
     if (!options_.worker_affinity.empty()) {
       DefaultEnv("CCL_WORKER_AFFINITY", options_.worker_affinity, "HOROVOD_CCL_WORKER_AFFINITY");

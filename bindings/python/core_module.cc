@@ -318,6 +318,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("mpi_threads_supported", [] { return Get(hvd::MpiThreadsSupported()); });
   m.def("nccl_built", &hvd::NcclBuilt);
   m.def("gloo_built", &hvd::GlooBuilt);
+  m.def("ccl_built", &hvd::CclBuilt);
   m.def("host_backend", [] { return Get(hvd::HostBackendName()); });
   // Every knob of common/config/knobs.def: hvdrun builds its flags from these (runner/mpirun.py).
   m.def("knobs", [] {

@@ -201,6 +201,7 @@ Result<std::vector<std::pair<int32_t, GradStats>>> TakeAllGradStats(int32_t proc
 int NcclBuilt() { return ops::NcclVersionCode(); }
 
 bool GlooBuilt() { return ops::GlooBuilt(); }
+bool CclBuilt() { return ops::CclBuilt(); }
 
 Result<std::string> HostBackendName() {
   HVD_RETURN_IF_ERROR(CheckStarted());

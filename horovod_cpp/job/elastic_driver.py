@@ -175,7 +175,9 @@ class ElasticDriver(object):
     def worker_env(self, w):
         env = dict(self.env)
         env.update({
-            "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_CONTROLLER": "gloo",
+            "HOROVOD_CPU_OPERATIONS": "ccl" if self.env.get("HOROVOD_CPU_OPERATIONS") == "ccl"
+                                      else "gloo",
             "HOROVOD_ELASTIC": "1", "HOROVOD_ELASTIC_WORKER_ID": w.id,
             "HOROVOD_ELASTIC_WORKER_START": str(w.start),
             "HOROVOD_ELASTIC_TIMEOUT": str(self.elastic_timeout),

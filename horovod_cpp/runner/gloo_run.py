@@ -76,7 +76,10 @@ class GlooJob(object):
     def rank_env(self, rank, host, local_rank, local_size, cross_rank, cross_size):
         env = dict(self.env)
         env.update({
-            "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_CONTROLLER": "gloo",
+            # (oneCCL's data plane, --cpu-operations ccl, runs beside the Gloo controller)
+            "HOROVOD_CPU_OPERATIONS": "ccl" if self.env.get("HOROVOD_CPU_OPERATIONS") == "ccl"
+                                      else "gloo",
             "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(len(self.placement)),
             "HOROVOD_LOCAL_RANK": str(local_rank), "HOROVOD_LOCAL_SIZE": str(local_size),
             "HOROVOD_CROSS_RANK": str(cross_rank), "HOROVOD_CROSS_SIZE": str(cross_size),

@@ -85,6 +85,10 @@ def _parser():
                               "ssh on other hosts) and serves their rendezvous; no mpirun")
     backend.add_argument("--mpi", action="store_true",
                          help="run on the MPI backend with mpirun (the default)")
+    p.add_argument("--cpu-operations", choices=("mpi", "gloo", "ccl"), type=str.lower,
+                   help="what reduces CPU tensors: the controller's own backend (mpi under "
+                        "mpirun, gloo with --gloo; the default) or ccl, Intel's oneCCL, beside "
+                        "either (sets HOROVOD_CPU_OPERATIONS; see docs/ccl.md)")
     el = p.add_argument_group(
         "elastic training (Gloo; the script uses hvd.elastic)",
         "Any of --min-np, --max-np or --host-discovery-script makes the job elastic: ranks that "
@@ -133,10 +137,10 @@ def check_build():
         return "[X]" if on else "[ ]"
     try:
         _core = import_core()
-        nccl, gloo = _core.nccl_built(), _core.gloo_built()
+        nccl, gloo, ccl = _core.nccl_built(), _core.gloo_built(), _core.ccl_built()
         core = "horovod_cpp._core"
     except ImportError as e:
-        nccl, gloo, core = 0, False, "horovod_cpp._core does not import (%s)" % e
+        nccl, gloo, ccl, core = 0, False, False, "horovod_cpp._core does not import (%s)" % e
     torch = importlib.util.find_spec("torch") is not None
     libtorch_api = ctypes.util.find_library("horovod_cpp_torch") is not None
     nccl_text = "NCCL %d.%d.%d" % (nccl // 10000, nccl // 100 % 100, nccl % 100) if nccl else "NCCL"
@@ -158,7 +162,7 @@ def check_build():
         "Available Tensor Operations:",
         "    %s %s" % (box(nccl), nccl_text),
         "    [ ] DDL",
-        "    [ ] CCL",
+        "    %s CCL (oneCCL, HOROVOD_CPU_OPERATIONS=ccl)" % box(ccl),
         "    [X] MPI",
         "    %s Gloo" % box(gloo),
     ])
@@ -197,6 +201,13 @@ def job_settings(args, cpu_count=None):
         value = getattr(args, knob.dest)
         if value is not None and value is not False:
             env[knob.env] = knob.to_env(value)
+    cpu_ops = getattr(args, "cpu_operations", None)
+    if cpu_ops == "ccl":
+        env["HOROVOD_CPU_OPERATIONS"] = "ccl"
+    elif cpu_ops is not None and cpu_ops != ("gloo" if getattr(args, "gloo", False) else "mpi"):
+        raise ValueError("--cpu-operations %s needs %s: MPI and Gloo each run both the "
+                         "negotiation and the CPU collectives (ccl runs beside either)"
+                         % (cpu_ops, "--gloo" if cpu_ops == "gloo" else "mpirun (no --gloo)"))
     threads = default_threads(args, hosts, cpu_count)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads[0])

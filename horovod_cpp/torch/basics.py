@@ -128,8 +128,9 @@ def mpi_built():
 
 
 def _host_backend():
-    """"MPI" or "Gloo": the running job's backend, before init the one the environment asks for."""
-    if _core.is_initialized():
+    """"MPI" or "Gloo": the running job's controller (with oneCCL's data plane too), before init
+    the one the environment asks for."""
+    if _core.is_initialized() and _core.host_backend() != "oneCCL":
         return _core.host_backend()
     chosen = [os.environ.get(n, "").lower() for n in ("HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS")]
     return "Gloo" if "gloo" in chosen else "MPI"
@@ -163,7 +164,13 @@ def rocm_built():
 
 
 def ccl_built():
-    return False
+    """Whether this build has oneCCL's data plane (HOROVOD_CPU_OPERATIONS=ccl)."""
+    return _core.ccl_built()
+
+
+def ccl_enabled():
+    """Whether the running job reduces CPU tensors on oneCCL."""
+    return _core.is_initialized() and _core.host_backend() == "oneCCL"
 
 
 def ddl_built():

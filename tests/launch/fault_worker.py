@@ -5,6 +5,8 @@
     fault_worker.py stall  RANK          rank RANK never submits the tensor the others reduce
     fault_worker.py stop   RANK STEPS    rank RANK freezes (SIGSTOP) after STEPS allreduces, as a
                                          hung host would: alive, sockets open, nothing answers
+    fault_worker.py killbig RANK STEPS   rank RANK submits the 64 MiB allreduce of step STEPS and
+                                         SIGKILLs itself while the others are inside it
 
 Every rank prints "step N" as it goes, so the test can see that the survivors were working.
 """
@@ -45,6 +47,17 @@ def main():
             opt.step()
             if step % 50 == 0:
                 print("step %d" % step, flush=True)
+    elif mode == "killbig":
+        import time
+        x = torch.ones(16 << 20)
+        for step in range(10 ** 9):
+            if rank == victim and step == steps:
+                hvd.allreduce_async(x, name="big.%d" % step)
+                time.sleep(0.05)  # the others are past the negotiation, in the data plane
+                print("rank %d: killing myself inside a collective" % rank, flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            hvd.allreduce(x, name="big.%d" % step)
+            print("step %d" % step, flush=True)
     elif mode == "stall":
         if rank != victim:
             hvd.allreduce(torch.ones(4), name="stalled.tensor")  # raises once shut down

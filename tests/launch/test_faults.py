@@ -81,6 +81,43 @@ def test_frozen_rank_ends_the_job_by_the_collective_timeout_naming_it(np, victim
     assert elapsed < LINGER_S + 30, "job took %.1f s after a rank froze" % elapsed
 
 
+def _ccl_built():
+    import horovod_cpp.torch as hvd
+    return hvd.ccl_built()
+
+
+@pytest.mark.skipif(not _ccl_built(), reason="this build has no oneCCL")
+def test_rank_killed_mid_allreduces_on_oneccl_ends_the_job_naming_it():
+    r, elapsed = mpirun(3, ["kill", "2", "200"], env={"HOROVOD_CPU_OPERATIONS": "ccl"})
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "rank 2: killing myself" in out and "step 150" in out, out
+    assert "process rank 2 with PID" in out and "exited on signal 9 (Killed)" in out, out
+    assert elapsed < LINGER_S + 30, "job took %.1f s after a rank was killed" % elapsed
+
+
+@pytest.mark.skipif(not _ccl_built(), reason="this build has no oneCCL")
+def test_oneccl_rank_killed_inside_a_collective_is_ended_by_the_collective_timeout():
+    # A oneCCL collective cannot be interrupted and does not notice a dead peer: the survivors
+    # wait inside it until the collective watchdog (3 s here) probes the peers, names the
+    # silent one, and ends the job through the controller (Gloo: each survivor exits).
+    env = dict(os.environ, HOROVOD_COLLECTIVE_TIMEOUT_SECONDS="3")
+    start = time.monotonic()
+    # (2 ranks: oneCCL busy-polls, and 3 on this machine's 2 cores take ~25 ms a call.)
+    r = subprocess.run(HVDRUN + ["--gloo", "--cpu-operations", "ccl", "-np", "2", sys.executable,
+                                 WORKER, "killbig", "1", "3"], capture_output=True, text=True,
+                       timeout=120, env=env, start_new_session=True)
+    elapsed = time.monotonic() - start
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "rank 1: killing myself inside a collective" in out and "step 2" in out, out
+    assert "hvdrun: rank 1 (on localhost) ended with signal 9 (SIGKILL)" in out, out
+    assert "longer than HOROVOD_COLLECTIVE_TIMEOUT_SECONDS=3" in out, out
+    assert "no answer within 5 s from rank 1 on host" in out, out
+    assert "waited 3 s in allreduce of 'allreduce.big.3'" in out, out
+    assert elapsed < LINGER_S + 30, "job took %.1f s after a rank was killed" % elapsed
+
+
 def test_rank_killed_through_hvdrun_names_the_rank_and_exits_137():
     r, _ = run(HVDRUN + ["-np", "3", sys.executable, WORKER, "kill", "1", "100"], timeout=90)
     out = r.stdout + r.stderr

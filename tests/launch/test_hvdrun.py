@@ -236,6 +236,31 @@ def test_ranks_get_the_omp_threads_and_hvdrun_says_so(launcher):
     assert "[1]<stdout>:threads 3" in r.stdout.splitlines() and "OMP_NUM" not in r.stderr
 
 
+CCL_PROGRAM = """
+import torch
+import horovod_cpp.torch as hvd
+from horovod_cpp.torch import basics
+hvd.init()
+t = hvd.allreduce(torch.full((5,), float(hvd.rank() + 1)), op=hvd.Sum)
+print("data plane %s controller %s sum %g" % (basics._core.host_backend(),
+      "Gloo" if hvd.gloo_enabled() else "MPI" if hvd.mpi_enabled() else "?", t[0].item()))
+"""
+
+
+@pytest.mark.parametrize("launcher", [[], ["--gloo"]])
+def test_cpu_operations_ccl_runs_the_collectives_on_oneccl(launcher):
+    import horovod_cpp.torch as hvd
+    if not hvd.ccl_built():
+        pytest.skip("this build has no oneCCL")
+    r = hvdrun(launcher + ["-np", "2", "--cpu-operations", "ccl", sys.executable, "-c",
+                           CCL_PROGRAM])
+    assert r.returncode == 0, r.stdout + r.stderr
+    controller = "Gloo" if launcher else "MPI"
+    for rank in range(2):
+        assert ("[%d]<stdout>:data plane oneCCL controller %s sum 3" % (rank, controller)
+                in r.stdout.splitlines()), r.stdout
+
+
 def test_exit_code_of_the_job():
     code = "import os, sys; sys.exit(3 if os.environ['OMPI_COMM_WORLD_RANK'] == '1' else 0)"
     r = hvdrun(["-np", "2", sys.executable, "-c", code])
@@ -338,6 +363,10 @@ def test_mpirun_missing():
     (["-np", "2", "--log-level", "loud", "true"], "invalid choice: 'loud'"),
     (["-np", "2", "--mpi-args", "'unclosed", "true"], "--mpi-args: No closing quotation"),
     (["true"], "-np is required: the number of ranks to run"),
+    (["-np", "2", "--cpu-operations", "gloo", "true"], "--cpu-operations gloo needs --gloo"),
+    (["-np", "2", "--gloo", "--cpu-operations", "mpi", "true"],
+     "--cpu-operations mpi needs mpirun (no --gloo)"),
+    (["-np", "2", "--cpu-operations", "nccl", "true"], "invalid choice: 'nccl'"),
 ])
 def test_bad_arguments_exit_2(args, message):
     r = hvdrun(args)

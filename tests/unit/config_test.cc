@@ -147,6 +147,8 @@ TEST(Config, KnobTableDescribesEveryKnobOnce) {
                                              "HOROVOD_HIERARCHICAL_ALLGATHER",
                                              "HOROVOD_STALL_CHECK_DISABLE",
                                              "HOROVOD_THREAD_AFFINITY",
+                                             "HOROVOD_CCL_WORKER_COUNT",
+                                             "HOROVOD_CCL_WORKER_AFFINITY",
                                              "HOROVOD_AUTOTUNE",
                                              "HOROVOD_AUTOTUNE_LOG",
                                              "HOROVOD_AUTOTUNE_COMPARE",

@@ -97,7 +97,9 @@ def start(store, rank, size, timeout):
     seconds = max(1, int(timeout.total_seconds())) if timeout is not None else None
     env = {
         "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(size),
-        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": ("ccl" if os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower()
+                                   == "ccl" else "gloo"),
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": address, "HOROVOD_GLOO_RENDEZVOUS_PORT": port,
         "HOROVOD_GLOO_SECRET": secret,
     }
