@@ -26,6 +26,10 @@
 #   ./bench.sh --scheduler-only
 #                              only the goodput scheduler against FCFS on the test bed's Ray
 #                              cluster (SCHED1, about 27 minutes)
+#   ./bench.sh --ccl-only      only the data planes on a CPU cluster: the fine-tune of Intel's
+#                              guide on oneCCL, MPI and Gloo, 1 -> 2 ranks here and across 2
+#                              test hosts at 10 and 25 Gbit/s, and oneCCL's own allreduce
+#                              (CCL1/CCL2, examples/bench/ccl_planes.sh; about 90 minutes)
 # Nothing here is a test: a missed target is reported, not failed. A wrong result (every
 # benchmark checks its sums and parameters) exits non-zero.
 set -euo pipefail
@@ -36,6 +40,7 @@ hosts=1
 only_hosts=0
 compression_only=0
 scheduler_only=0
+ccl_only=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) quick=1; shift ;;
@@ -44,7 +49,8 @@ while [[ $# -gt 0 ]]; do
     --hosts-only) hosts=1; only_hosts=1; shift ;;
     --compression-only) hosts=1; only_hosts=1; compression_only=1; shift ;;
     --scheduler-only) hosts=1; only_hosts=1; scheduler_only=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    --ccl-only) ccl_only=1; shift ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -53,6 +59,10 @@ source scripts/mpi_env.sh
 scripts/setup_venv.sh
 scripts/setup_venv.sh --pypi   # PyPI's newest torch: the lane whose figures count (see below)
 scripts/build.sh build -DPython3_EXECUTABLE=/usr/bin/python3
+if ((ccl_only)); then
+  examples/bench/ccl_planes.sh $( ((quick)) && echo "--quick --runs 1") 2>&1 | tee bench.log
+  exit "${PIPESTATUS[0]}"
+fi
 if ((horovod && !only_hosts)); then scripts/setup_horovod.sh; fi
 start=$SECONDS
 

@@ -55,9 +55,10 @@ def measure(args):
     torch.set_num_threads(1)
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=rank,
-                            world_size=size)
+    if args.master in ("127.0.0.1", "localhost"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method="tcp://%s:%d" % (args.master, args.port),
+                            rank=rank, world_size=size)
     shape = dict(vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=args.heads,
                  ffn=args.ffn, seq=args.seq)
     torch.manual_seed(1234)
@@ -78,7 +79,9 @@ def measure(args):
         start = time.perf_counter()
         for ids, y in data:
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(ids), y).backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
+                loss = torch.nn.functional.cross_entropy(model(ids), y)
+            loss.backward()
             opt.step()
         return (time.perf_counter() - start) * 1000.0
 
@@ -88,7 +91,8 @@ def measure(args):
     samples = args.steps * args.batch * size
     result = dict(np=size, params=params, ours_p50_ms=percentile(ours, 0.5),
                   ddp_p50_ms=percentile(base, 0.5), max_param_diff=worst,
-                  torch=torch.__version__)
+                  torch=torch.__version__, data_plane=hvd.basics._core.host_backend(),
+                  autocast=args.autocast, seq=args.seq, batch=args.batch)
     result["ours_samples_per_s"] = samples / result["ours_p50_ms"] * 1000.0
     result["ddp_samples_per_s"] = samples / result["ddp_p50_ms"] * 1000.0
     if rank == 0:
@@ -112,10 +116,12 @@ def compare(args):
     ratio = eff["ours"] / eff["ddp"]
     print("FIGURE %s name=transformer_finetune_scaling_1_to_%d%s p50_ms=%.1f baseline=torch_DDP_gloo "
           "base_p50_ms=%.1f ratio=%.3f ours_efficiency=%.3f ddp_efficiency=%.3f "
-          "ours_samples_per_s=%.2f ddp_samples_per_s=%.2f params=%d torch=%s target=>=1.0 met=%s"
+          "ours_samples_per_s=%.2f ddp_samples_per_s=%.2f params=%d data_plane=%s torch=%s "
+          "target=>=1.0 met=%s"
           % (args.id, many["np"], args.label, many["ours_p50_ms"], many["ddp_p50_ms"], ratio,
              eff["ours"], eff["ddp"], many["ours_samples_per_s"], many["ddp_samples_per_s"],
-             many["params"], many["torch"], "yes" if ratio >= 1.0 else "no"))
+             many["params"], many.get("data_plane", "?"), many["torch"],
+             "yes" if ratio >= 1.0 else "no"))
     return 0
 
 
@@ -131,6 +137,10 @@ def main():
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--ffn", type=int, default=3072)
     p.add_argument("--port", type=int, default=29519, help="gloo rendezvous port")
+    p.add_argument("--master", default="127.0.0.1",
+                   help="address of rank 0's host, for DDP's gloo rendezvous")
+    p.add_argument("--autocast", choices=("none", "bf16"), default="none",
+                   help="bf16: forward under torch.autocast (bfloat16), as Intel's guide")
     p.add_argument("--out", help="write rank 0's figures here (JSON)")
     p.add_argument("--compare", nargs=2, metavar=("ONE_RANK", "N_RANKS"),
                    help="print the scaling FIGURE from two --out files")
