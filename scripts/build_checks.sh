@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The builds that test.sh's steps 3-5 test (test.sh runs this in the background, at the lowest
 # CPU priority, while the cross-host suite runs):
-#   build-cpu   the CPU-only configuration (no NCCL, Gloo, LibTorch or Python module) with
-#               AddressSanitizer + UndefinedBehaviorSanitizer, every C++ test
+#   build-cpu   the CPU-only configuration (no NCCL, Gloo, oneCCL, LibTorch or Python module)
+#               with AddressSanitizer + UndefinedBehaviorSanitizer, every C++ test (oneCCL,
+#               uninstrumented, stays out of the sanitizer builds; its own suites run in build/)
 #   build-tsan  the unit tests (the threaded core, ranks simulated in one process) with
 #               ThreadSanitizer, compiled by clang with -Wthread-safety -Werror (the
 #               thread-safety annotations checked in the same build: one build of the core and
@@ -19,10 +20,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh --fuzz   # clang and the sanitizer runtimes besides the toolchain
 scripts/build.sh build-cpu -DHVD_SANITIZE=address,undefined -DHVD_WITH_NCCL=OFF \
-  -DHVD_WITH_GLOO=OFF -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_WERROR=ON
+  -DHVD_WITH_GLOO=OFF -DHVD_WITH_CCL=OFF -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF \
+  -DHVD_WERROR=ON
 cmake -S . -B build-tsan -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DHVD_SANITIZE=thread -DHVD_THREAD_SAFETY=ON -DHVD_WITH_NCCL=OFF -DHVD_WITH_TORCH=OFF \
-  -DHVD_BUILD_PYTHON=OFF -DHVD_BUILD_EXAMPLES=OFF -DHVD_WERROR=ON > build-tsan.configure.log 2>&1 \
+  -DHVD_SANITIZE=thread -DHVD_THREAD_SAFETY=ON -DHVD_WITH_NCCL=OFF -DHVD_WITH_CCL=OFF \
+  -DHVD_WITH_TORCH=OFF -DHVD_BUILD_PYTHON=OFF -DHVD_BUILD_EXAMPLES=OFF -DHVD_WERROR=ON > build-tsan.configure.log 2>&1 \
   || { cat build-tsan.configure.log; exit 1; }
 cmake --build build-tsan -j "$(nproc)" --target unit_tests
 # LibTorch from PyPI's wheel (only the targets that use it; NCCL off: no GPU to run it here).
