@@ -12,8 +12,8 @@ namespace hvd {
 namespace ops {
 
 struct CclOptions {
-  int worker_count = 0;          // HOROVOD_CCL_WORKER_COUNT; 0: none (the background thread)
-  std::string worker_affinity;   // HOROVOD_CCL_WORKER_AFFINITY; empty: oneCCL's own default
+  int worker_count = 0;         // HOROVOD_CCL_WORKER_COUNT; 0: none (the background thread)
+  std::string worker_affinity;  // HOROVOD_CCL_WORKER_AFFINITY; empty: oneCCL's own default
 };
 
 // Whether this build has oneCCL (found at configure time, HVD_WITH_CCL).

@@ -10,11 +10,10 @@
 // Every result is checked against the sum it must be.
 #include <mpi.h>
 
-#include <oneapi/ccl.hpp>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <oneapi/ccl.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -45,9 +44,12 @@ int main(int argc, char** argv) {
   int reps = 10;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--sizes-mib") sizes = argv[i + 1];
-    else if (a == "--reps") reps = std::atoi(argv[i + 1]);
-    else if (a == "--label") label = argv[i + 1];
+    if (a == "--sizes-mib")
+      sizes = argv[i + 1];
+    else if (a == "--reps")
+      reps = std::atoi(argv[i + 1]);
+    else if (a == "--label")
+      label = argv[i + 1];
   }
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -91,8 +93,7 @@ int main(int argc, char** argv) {
       Check(out, "oneCCL");
       MPI_Barrier(MPI_COMM_WORLD);
       t = bench::NowMs();
-      MPI_Allreduce(in.data(), out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
-                    MPI_COMM_WORLD);
+      MPI_Allreduce(in.data(), out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       if (r >= 0) mpi.push_back(bench::NowMs() - t);
       Check(out, "MPI");
     }

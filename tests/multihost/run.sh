@@ -2,11 +2,11 @@
 # The cross-host tests, on the test bed of scripts/testbed.sh (3 hosts made on this machine):
 # the core, collectives, process-set and join suites at 2 hosts x 2 ranks and 3 hosts x 1 rank,
 # the Python suite (DistributedOptimizer against one process on the full batch, every op) at
-# 2 x 2, a timeline recorded in a cross-host job, what each rank sees of its host and of the
-# launching shell's environment, and faults (a link down and a host's processes killed in the
-# middle of allreduces, an sshd stopped, a host unreachable at start) that must end the job in
-# bounded time, naming the host; the chaos campaign's CI subset and hostile clients (below).
-# Every job runs under its own timeout; the test bed is
+# 2 x 2, oneCCL's data plane at 2 x 1, a timeline recorded in a cross-host job, what each rank
+# sees of its host and of the launching shell's environment, and faults (a link down and a
+# host's processes killed in the middle of allreduces, an sshd stopped, a host unreachable at
+# start) that must end the job in bounded time, naming the host; the chaos campaign's CI
+# subset and hostile clients (below). Every job runs under its own timeout; the test bed is
 # torn down on every exit, and the last check is that nothing of it is left.
 #   tests/multihost/run.sh          (as root, after the default build and .venv)
 #   HVD_MULTIHOST_ONLY=REGEX tests/multihost/run.sh   (only the jobs whose names match; the
@@ -135,6 +135,20 @@ run "check_hosts.py --gloo -H hvd-h1:1,hvd-h2:1,hvd-h3:1" 120 \
 # covering subset of their cases, tests/python/conftest.py.)
 run "python suite --gloo -H hvd-h1:2,hvd-h2:2" 600 sh -c "cd '$ROOT_DIR/tests/python' && \
   HVD_TEST_MATRIX=pairwise '${HVDRUN[0]}' --gloo -np 4 -H hvd-h1:2,hvd-h2:2 '$PY' -m pytest -q -x"
+
+# oneCCL's data plane across hosts (builds with it): the collectives and process-set suites
+# (MPI the controller) and check_hosts.py under hvdrun --gloo, 2 hosts x 1 rank.
+if "$PY" -c "import sys, horovod_cpp.torch as h; sys.exit(0 if h.ccl_built() else 1)"; then
+  for suite in mpi_collectives_tests mpi_process_set_tests; do
+    run "$suite --cpu-operations ccl -H hvd-h1:1,hvd-h2:1" 300 env HOROVOD_DYNAMIC_PROCESS_SETS=1 \
+      "${HVDRUN[@]}" -np 2 -H hvd-h1:1,hvd-h2:1 --cpu-operations ccl \
+      "$ROOT_DIR/build/tests/$suite" --gtest_brief=1
+  done
+  run "check_hosts.py --gloo --cpu-operations ccl -H hvd-h1:1,hvd-h2:1" 120 \
+    env HVD_MULTIHOST_MARK="forwarded to every host" "${HVDRUN[@]}" --gloo -np 2 \
+    -H hvd-h1:1,hvd-h2:1 --cpu-operations ccl "$PY" "$ROOT_DIR/tests/multihost/check_hosts.py" \
+    --hosts hvd-h1:1,hvd-h2:1
+fi
 
 # The chaos campaign's CI subset (tests/chaos/chaos.py --ci): every fault kind, most twice (a rank
 # killed, frozen, raising, leaving early, shutting down alone, skipping a collective or sending
