@@ -103,7 +103,7 @@ def test_oneccl_rank_killed_inside_a_collective_is_ended_by_the_collective_timeo
     # silent one, and ends the job through the controller (Gloo: each survivor exits).
     env = dict(os.environ, HOROVOD_COLLECTIVE_TIMEOUT_SECONDS="3")
     start = time.monotonic()
-    # (2 ranks: oneCCL busy-polls, and 3 on this machine's 2 cores take ~25 ms a call.)
+    # (2 ranks: one survivor, and a rank per core.)
     r = subprocess.run(HVDRUN + ["--gloo", "--cpu-operations", "ccl", "-np", "2", sys.executable,
                                  WORKER, "killbig", "1", "3"], capture_output=True, text=True,
                        timeout=120, env=env, start_new_session=True)
