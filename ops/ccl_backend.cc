@@ -32,6 +32,7 @@
 
 #include "base/logging.h"
 #include "ops/backend.h"
+#include "ops/block_layout.h"
 #include "ops/ccl.h"
 
 namespace hvd {
@@ -223,15 +224,15 @@ class CclBackend final : public Backend {
       return Status::OK();
     }
     // oneCCL lays the blocks out back to back; other displacements go through a scratch buffer.
-    const bool packed = Packed(counts, displs);
+    const bool packed = BackToBack(counts, displs);
     char* into = out;
     if (!packed) {
-      scratch_.resize(static_cast<size_t>(Total(counts)) * elem);
+      scratch_.resize(static_cast<size_t>(TotalCount(counts)) * elem);
       into = scratch_.data();
     }
     HVD_CCL_TRY("allgather", Complete(ccl::allgatherv(send, static_cast<size_t>(send_count), into,
                                                       Sizes(counts), CclType(dtype), *set->comm)));
-    if (!packed) Unpack(into, out, counts, displs, elem);
+    if (!packed) UnpackBlocks(into, out, counts, displs, static_cast<int64_t>(elem));
     return Status::OK();
   }
 
@@ -252,28 +253,19 @@ class CclBackend final : public Backend {
       return Status::OK();
     }
     // oneCCL takes blocks back to back (its per-rank buffer lists are for GPUs only).
-    const char* from = in;
     std::vector<char> packed_send;
-    if (!Packed(send_counts, send_displs)) {
-      packed_send.resize(static_cast<size_t>(Total(send_counts)) * elem);
-      size_t at = 0;
-      for (size_t r = 0; r < send_counts.size(); ++r) {
-        const size_t b = static_cast<size_t>(send_counts[r]) * elem;
-        if (b > 0) std::memcpy(packed_send.data() + at, in + send_displs[r] * elem, b);
-        at += b;
-      }
-      from = packed_send.data();
-    }
-    const bool packed = Packed(recv_counts, recv_displs);
+    const char* from =
+        PackBlocks(in, send_counts, send_displs, static_cast<int64_t>(elem), &packed_send);
+    const bool packed = BackToBack(recv_counts, recv_displs);
     char* into = out;
     if (!packed) {
-      scratch_.resize(static_cast<size_t>(Total(recv_counts)) * elem);
+      scratch_.resize(static_cast<size_t>(TotalCount(recv_counts)) * elem);
       into = scratch_.data();
     }
     HVD_CCL_TRY("alltoall",
                 Complete(ccl::alltoallv(from, Sizes(send_counts), into, Sizes(recv_counts),
                                         CclType(dtype), *set->comm)));
-    if (!packed) Unpack(into, out, recv_counts, recv_displs, elem);
+    if (!packed) UnpackBlocks(into, out, recv_counts, recv_displs, static_cast<int64_t>(elem));
     return Status::OK();
   }
 
@@ -393,31 +385,6 @@ class CclBackend final : public Backend {
     set->kvs = std::move(kvs);
     comms_[id] = std::move(set);
     return Status::OK();
-  }
-
-  // Whether block r starts at the sum of the counts before it.
-  static bool Packed(const std::vector<int64_t>& counts, const std::vector<int64_t>& displs) {
-    int64_t at = 0;
-    for (size_t r = 0; r < counts.size(); ++r) {
-      if (displs[r] != at) return false;
-      at += counts[r];
-    }
-    return true;
-  }
-  static int64_t Total(const std::vector<int64_t>& counts) {
-    int64_t n = 0;
-    for (int64_t c : counts) n += c;
-    return n;
-  }
-  // Blocks back to back in `from` to their displacements in `out`.
-  static void Unpack(const char* from, char* out, const std::vector<int64_t>& counts,
-                     const std::vector<int64_t>& displs, size_t elem) {
-    size_t at = 0;
-    for (size_t r = 0; r < counts.size(); ++r) {
-      const size_t b = static_cast<size_t>(counts[r]) * elem;
-      if (b > 0) std::memcpy(out + static_cast<size_t>(displs[r]) * elem, from + at, b);
-      at += b;
-    }
   }
 
   Result<Set*> Find(int32_t ps) {

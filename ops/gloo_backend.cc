@@ -45,6 +45,7 @@
 
 #include "base/logging.h"
 #include "ops/backend.h"
+#include "ops/block_layout.h"
 #include "ops/reduce_kernels.h"
 #include "ops/rendezvous_client.h"
 #include "ops/tcp_mesh.h"
@@ -388,15 +389,10 @@ class GlooBackend final : public Backend {
     const int64_t elem = DataTypeSize(dtype);
     // Gloo takes blocks packed in rank order: pack and unpack around it where the layout differs.
     std::vector<char> in_staging, out_staging;
-    const char* in = Pack(static_cast<const char*>(send), send_counts, send_displs, elem,
-                          &in_staging);
-    int64_t recv_total = 0;
-    bool recv_packed = true;
-    for (size_t r = 0; r < recv_counts.size(); ++r) {
-      recv_packed = recv_packed && recv_displs[r] == recv_total;
-      recv_total += recv_counts[r];
-    }
-    if (!recv_packed) out_staging.resize(static_cast<size_t>(recv_total * elem));
+    const char* in = PackBlocks(static_cast<const char*>(send), send_counts, send_displs, elem,
+                                &in_staging);
+    const bool recv_packed = BackToBack(recv_counts, recv_displs);
+    if (!recv_packed) out_staging.resize(static_cast<size_t>(TotalCount(recv_counts) * elem));
     char* out = recv_packed ? static_cast<char*>(recv) : out_staging.data();
     std::vector<int64_t> in_bytes(send_counts.size()), out_bytes(recv_counts.size());
     for (size_t r = 0; r < send_counts.size(); ++r) in_bytes[r] = send_counts[r] * elem;
@@ -409,12 +405,7 @@ class GlooBackend final : public Backend {
       gloo::alltoallv(opts);
     });
     if (!recv_packed) {
-      int64_t at = 0;
-      for (size_t r = 0; r < recv_counts.size(); ++r) {
-        std::memcpy(static_cast<char*>(recv) + recv_displs[r] * elem, out_staging.data() + at,
-                    static_cast<size_t>(recv_counts[r] * elem));
-        at += recv_counts[r] * elem;
-      }
+      UnpackBlocks(out_staging.data(), static_cast<char*>(recv), recv_counts, recv_displs, elem);
     }
     return Status::OK();
   }
@@ -500,26 +491,6 @@ class GlooBackend final : public Backend {
       ReduceFn<T>(c, a, b, n, dtype, op);
     });
     gloo::allreduce(opts);
-  }
-
-  static const char* Pack(const char* base, const std::vector<int64_t>& counts,
-                          const std::vector<int64_t>& displs, int64_t elem,
-                          std::vector<char>* staging) {
-    int64_t total = 0;
-    bool packed = true;
-    for (size_t r = 0; r < counts.size(); ++r) {
-      packed = packed && displs[r] == total;
-      total += counts[r];
-    }
-    if (packed) return base;
-    staging->resize(static_cast<size_t>(total * elem));
-    int64_t at = 0;
-    for (size_t r = 0; r < counts.size(); ++r) {
-      std::memcpy(staging->data() + at, base + displs[r] * elem,
-                  static_cast<size_t>(counts[r] * elem));
-      at += counts[r] * elem;
-    }
-    return staging->data();
   }
 
   Result<std::shared_ptr<gloo::Context>> Connect(const std::string& name, int rank, int size) {
