@@ -5,16 +5,42 @@ The model is linear, as activations are: peak(b) = base + per_sample * b. Each s
 micro-batch b and the process's peak memory during the step (on CPU the resident set's
 high-water mark, reset after each step through /proc/self/clear_refs; on CUDA the peak
 allocated, reset likewise). Where the mark cannot be reset (``monotone``) a step only says
-something when it raised it; ``per_sample`` is the larger of the slope between the two micro-batches that raised it
-highest and (peak - base) / b at the highest, base being the memory before the first step
-(every byte above it counted as per sample: pessimistic, as it should be where running out
-kills the process). ``limit()`` is the largest micro-batch whose
-predicted peak leaves ``1 - safety`` of the room between the base and the budget free, and at
-most ``growth`` times the largest micro-batch measured (memory does not grow exactly linearly:
-the allocator's caching and the collated copies jump, so the model is trusted only near what it
-has seen); None while nothing is known (no limit yet).
+something when it raised it; ``per_sample`` is the larger of the slope between the two
+micro-batches that raised it highest and (peak - base) / b at the highest, base being the memory
+before the first step (on CPU with what malloc held free released first,
+``release_free_memory``, as before every reading; every byte above it counted as per sample:
+pessimistic, as it should be where running out kills the process). ``limit()`` is the largest
+micro-batch whose predicted peak leaves ``1 - safety`` of the room between the base and the
+budget free, a sample past the highest peak measured counted ``extrapolation`` (1.5) times, and
+at most ``growth`` times the largest micro-batch measured. Memory does not grow exactly linearly
+(the allocator's caching and fragmentation, the collated copies), so the model is trusted only
+near what it has seen: the micro-batch approaches the limit from below, closing at most two
+thirds of the remaining gap at a time. None while nothing is known (no limit yet).
 """
+import ctypes
+import ctypes.util
 import os
+
+
+def release_free_memory():
+    """Hands the memory glibc's malloc holds free back to the kernel (``malloc_trim(0)``: the
+    top of every arena and the free pages inside it); False where that cannot be done (another
+    libc or allocator).
+
+    Memory malloc holds free counts in the resident set but is reused before the process asks
+    the kernel for more: a step whose micro-batch fits in it does not raise the high-water
+    mark at all, so measured against a resident set that holds it, the first micro-batches
+    look almost free and the per-sample cost extrapolated from them comes out far too low.
+    Released before the base is taken and before every reading, the resident set is the memory
+    in use, and a micro-batch's peak is its own."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
+    return True
 
 
 def cgroup_limit_bytes():
@@ -61,11 +87,12 @@ def default_budget(local_ranks):
 
 
 class MemoryModel(object):
-    def __init__(self, budget, base, safety=0.8, growth=2.0, monotone=False):
+    def __init__(self, budget, base, safety=0.8, growth=2.0, monotone=False, extrapolation=1.5):
         self.budget = float(budget)
         self.base = float(base)
         self.safety = float(safety)
         self.growth = growth
+        self.extrapolation = float(extrapolation)
         self.monotone = bool(monotone)
         self.peaks = {}  # micro-batch -> the highest peak seen with it
 
@@ -100,7 +127,10 @@ class MemoryModel(object):
             return None
         b = self._top()[-1]
         allowed = self.budget - (1.0 - self.safety) * max(self.budget - self.base, 0.0)
-        fits = max(1, int(b + (allowed - self.peaks[b]) // slope))
+        room = allowed - self.peaks[b]
+        if room > 0:  # past what was measured: each sample counted ``extrapolation`` times
+            slope *= self.extrapolation
+        fits = max(1, int(b + room // slope))
         if self.growth is not None:
             fits = min(fits, max(1, int(self.growth * max(self.peaks))))
         return fits
@@ -108,11 +138,13 @@ class MemoryModel(object):
     def state_dict(self):
         return {"budget": self.budget, "base": self.base, "safety": self.safety,
                 "growth": self.growth, "monotone": self.monotone,
+                "extrapolation": self.extrapolation,
                 "peaks": [[b, p] for b, p in sorted(self.peaks.items())]}
 
     def load_state_dict(self, state):
         self.budget, self.base = float(state["budget"]), float(state["base"])
         self.safety = float(state["safety"])
         self.growth = state.get("growth")
+        self.extrapolation = float(state.get("extrapolation", 1.5))
         self.monotone = bool(state.get("monotone", False))
         self.peaks = {int(b): float(p) for b, p in state["peaks"]}

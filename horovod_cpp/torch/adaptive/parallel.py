@@ -29,7 +29,7 @@ import torch
 
 from horovod_cpp.adaptive import hints as _hints
 from horovod_cpp.adaptive.goodput import GoodputModel
-from horovod_cpp.adaptive.memory import MemoryModel, default_budget
+from horovod_cpp.adaptive.memory import MemoryModel, default_budget, release_free_memory
 from horovod_cpp.adaptive.noise import NoiseScale
 from horovod_cpp.adaptive.scaling import AdamScale, AdaScale, LEGWScale
 from horovod_cpp.adaptive.throughput import Profile
@@ -244,6 +244,7 @@ class AdaptiveDataParallel(torch.nn.Module):
             self._resettable = False
             return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0
         if self._resettable:
+            release_free_memory()  # (the next mark starts from the memory in use: memory.py)
             try:
                 with open("/proc/self/clear_refs", "w") as f:
                     f.write("5")  # resets VmHWM to the current resident set (Linux 4.0+)
