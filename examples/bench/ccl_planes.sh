@@ -8,15 +8,19 @@
 #   CCL2  horovod_cpp's oneCCL data plane against oneCCL's own allreduce (and MPI_Allreduce),
 #         on the fine-tune's buffer sizes, here and across the hosts.
 #   examples/bench/ccl_planes.sh [--runs N] [--quick] [--rates "10gbit 25gbit"] [--precisions "bf16 none"]
+#                                [--pin]   (each test host on a core of its own: testbed.sh --pin)
+#                                [--hosts-only]   (not the one-host figures)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-runs=3 quick=0 rates="10gbit 25gbit" precisions="bf16 none"
+runs=3 quick=0 rates="10gbit 25gbit" precisions="bf16 none" pin=() local=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --runs) runs=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     --rates) rates=$2; shift 2 ;;
     --precisions) precisions=$2; shift 2 ;;
+    --pin) pin=(--pin); shift ;;
+    --hosts-only) local=0; shift ;;
     *) echo "ccl_planes.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -62,16 +66,18 @@ planes() {
   done
 }
 
-echo "# oneCCL / MPI / Gloo data planes, the fine-tune at seq 128, 32 samples per rank: 1 -> 2 ranks on this host"
-planes local one_host
-"${MPI[@]}" -np 2 build/examples/bench/ccl_bench --sizes-mib 1,16,64,256 --reps 7 \
-  --label _one_host 2>&1 | grep "^FIGURE"
+if ((local)); then
+  echo "# oneCCL / MPI / Gloo data planes, the fine-tune at seq 128, 32 samples per rank: 1 -> 2 ranks on this host"
+  planes local one_host
+  "${MPI[@]}" -np 2 build/examples/bench/ccl_bench --sizes-mib 1,16,64,256 --reps 7 \
+    --label _one_host 2>&1 | grep "^FIGURE"
+fi
 for rate in $rates; do
-  scripts/testbed.sh up 2 --rate "$rate" > /dev/null
-  echo "# the same, 1 -> 2 test hosts x 1 rank, links limited to $rate"
-  planes hosts "2x1_$rate"
+  scripts/testbed.sh up 2 --rate "$rate" "${pin[@]}" > /dev/null
+  echo "# the same, 1 -> 2 test hosts x 1 rank, links limited to $rate ${pin[*]}"
+  planes hosts "2x1_$rate${pin:+_pinned}"
   scripts/testbed.sh exec hvd-h1 "${MPI[@]}" -np 2 -H hvd-h1:1,hvd-h2:1 \
-    build/examples/bench/ccl_bench --sizes-mib 1,16,64,256 --reps 7 --label "_2x1_$rate" \
+    build/examples/bench/ccl_bench --sizes-mib 1,16,64,256 --reps 7 --label "_2x1_$rate${pin:+_pinned}" \
     2>&1 | grep "^FIGURE"
   scripts/testbed.sh down > /dev/null
 done
