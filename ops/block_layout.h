@@ -1,7 +1,8 @@
 // horovod_cpp — Apache-2.0
 #pragma once
 // Rank-ordered blocks (allgatherv, alltoallv) for transports that take them back to back
-// (Gloo, oneCCL): pack a layout with other displacements into a staging buffer, unpack one.
+// (Gloo, oneCCL): pack a layout with other displacements into a staging buffer, receive into
+// one and unpack it.
 
 #include <cstdint>
 #include <cstring>
@@ -40,6 +41,16 @@ inline const char* PackBlocks(const char* base, const std::vector<int64_t>& coun
     }
     at += counts[r] * elem;
   }
+  return staging->data();
+}
+
+// Where blocks arriving back to back go: `out` itself when `displs` lay them so, else
+// `*staging`, sized for them (then UnpackBlocks moves them to `out`).
+inline char* ReceiveBlocks(char* out, const std::vector<int64_t>& counts,
+                           const std::vector<int64_t>& displs, int64_t elem,
+                           std::vector<char>* staging) {
+  if (BackToBack(counts, displs)) return out;
+  staging->resize(static_cast<size_t>(TotalCount(counts) * elem));
   return staging->data();
 }
 

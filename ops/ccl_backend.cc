@@ -224,15 +224,11 @@ class CclBackend final : public Backend {
       return Status::OK();
     }
     // oneCCL lays the blocks out back to back; other displacements go through a scratch buffer.
-    const bool packed = BackToBack(counts, displs);
-    char* into = out;
-    if (!packed) {
-      scratch_.resize(static_cast<size_t>(TotalCount(counts)) * elem);
-      into = scratch_.data();
-    }
+    const int64_t width = static_cast<int64_t>(elem);
+    char* into = ReceiveBlocks(out, counts, displs, width, &scratch_);
     HVD_CCL_TRY("allgather", Complete(ccl::allgatherv(send, static_cast<size_t>(send_count), into,
                                                       Sizes(counts), CclType(dtype), *set->comm)));
-    if (!packed) UnpackBlocks(into, out, counts, displs, static_cast<int64_t>(elem));
+    if (into != out) UnpackBlocks(into, out, counts, displs, width);
     return Status::OK();
   }
 
@@ -253,19 +249,14 @@ class CclBackend final : public Backend {
       return Status::OK();
     }
     // oneCCL takes blocks back to back (its per-rank buffer lists are for GPUs only).
+    const int64_t width = static_cast<int64_t>(elem);
     std::vector<char> packed_send;
-    const char* from =
-        PackBlocks(in, send_counts, send_displs, static_cast<int64_t>(elem), &packed_send);
-    const bool packed = BackToBack(recv_counts, recv_displs);
-    char* into = out;
-    if (!packed) {
-      scratch_.resize(static_cast<size_t>(TotalCount(recv_counts)) * elem);
-      into = scratch_.data();
-    }
+    const char* from = PackBlocks(in, send_counts, send_displs, width, &packed_send);
+    char* into = ReceiveBlocks(out, recv_counts, recv_displs, width, &scratch_);
     HVD_CCL_TRY("alltoall",
                 Complete(ccl::alltoallv(from, Sizes(send_counts), into, Sizes(recv_counts),
                                         CclType(dtype), *set->comm)));
-    if (!packed) UnpackBlocks(into, out, recv_counts, recv_displs, static_cast<int64_t>(elem));
+    if (into != out) UnpackBlocks(into, out, recv_counts, recv_displs, width);
     return Status::OK();
   }
 

@@ -343,12 +343,7 @@ class GlooBackend final : public Backend {
                     DataType dtype) override {
     HVD_ASSIGN_OR_RETURN(std::shared_ptr<gloo::Context> ctx, Context(ps));
     const size_t elem = static_cast<size_t>(DataTypeSize(dtype));
-    int64_t total = 0;
-    bool packed = true;  // rank r's block at the sum of the counts before it
-    for (size_t r = 0; r < counts.size(); ++r) {
-      packed = packed && displs[r] == total;
-      total += counts[r];
-    }
+    const int64_t total = TotalCount(counts);
     if (total == 0) return Status::OK();
     if (static_cast<size_t>(total) * elem <= kDirectBytes) {  // the same choice on every rank
       std::vector<size_t> lens(counts.size()), at(counts.size());
@@ -358,8 +353,9 @@ class GlooBackend final : public Backend {
       }
       return ExchangeBlocksV(ctx, send, static_cast<char*>(recv), lens, at, "allgather");
     }
-    std::vector<char> staging(packed ? 0 : static_cast<size_t>(total) * elem);
-    char* out = packed ? static_cast<char*>(recv) : staging.data();
+    std::vector<char> staging;
+    char* out = ReceiveBlocks(static_cast<char*>(recv), counts, displs,
+                              static_cast<int64_t>(elem), &staging);
     HVD_GLOO_TRY("allgather", {
       gloo::AllgathervOptions opts(ctx);
       opts.setInput(const_cast<char*>(static_cast<const char*>(send)),
@@ -369,14 +365,8 @@ class GlooBackend final : public Backend {
       opts.setOutput(out, std::move(bytes));
       gloo::allgatherv(opts);
     });
-    if (!packed) {
-      size_t at = 0;
-      for (size_t r = 0; r < counts.size(); ++r) {
-        const size_t n = static_cast<size_t>(counts[r]) * elem;
-        std::memcpy(static_cast<char*>(recv) + displs[r] * static_cast<int64_t>(elem),
-                    staging.data() + at, n);
-        at += n;
-      }
+    if (out != recv) {
+      UnpackBlocks(out, static_cast<char*>(recv), counts, displs, static_cast<int64_t>(elem));
     }
     return Status::OK();
   }
@@ -391,9 +381,8 @@ class GlooBackend final : public Backend {
     std::vector<char> in_staging, out_staging;
     const char* in = PackBlocks(static_cast<const char*>(send), send_counts, send_displs, elem,
                                 &in_staging);
-    const bool recv_packed = BackToBack(recv_counts, recv_displs);
-    if (!recv_packed) out_staging.resize(static_cast<size_t>(TotalCount(recv_counts) * elem));
-    char* out = recv_packed ? static_cast<char*>(recv) : out_staging.data();
+    char* out = ReceiveBlocks(static_cast<char*>(recv), recv_counts, recv_displs, elem,
+                              &out_staging);
     std::vector<int64_t> in_bytes(send_counts.size()), out_bytes(recv_counts.size());
     for (size_t r = 0; r < send_counts.size(); ++r) in_bytes[r] = send_counts[r] * elem;
     for (size_t r = 0; r < recv_counts.size(); ++r) out_bytes[r] = recv_counts[r] * elem;
@@ -404,8 +393,8 @@ class GlooBackend final : public Backend {
       opts.setOutput(out != nullptr ? out : dummy.data(), out_bytes);
       gloo::alltoallv(opts);
     });
-    if (!recv_packed) {
-      UnpackBlocks(out_staging.data(), static_cast<char*>(recv), recv_counts, recv_displs, elem);
+    if (out != recv) {
+      UnpackBlocks(out, static_cast<char*>(recv), recv_counts, recv_displs, elem);
     }
     return Status::OK();
   }
