@@ -18,7 +18,7 @@ near what it has seen: the micro-batch approaches the limit from below, closing 
 thirds of the remaining gap at a time. None while nothing is known (no limit yet).
 """
 import ctypes
-import ctypes.util
+import functools
 import os
 
 
@@ -33,14 +33,23 @@ def release_free_memory():
     look almost free and the per-sample cost extrapolated from them comes out far too low.
     Released before the base is taken and before every reading, the resident set is the memory
     in use, and a micro-batch's peak is its own."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
+    trim = _malloc_trim()
+    if trim is None:
         return False
-    trim.argtypes = [ctypes.c_size_t]
     trim(0)
     return True
+
+
+@functools.lru_cache(maxsize=None)
+def _malloc_trim():
+    """glibc's malloc_trim, looked up once (in the process's own symbols: no library search,
+    which would run ldconfig at every reading), or None."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    return trim
 
 
 def cgroup_limit_bytes():
