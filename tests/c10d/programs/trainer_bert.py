@@ -6,6 +6,7 @@ The group is made before TrainingArguments: Accelerate then uses it (on CPU it w
 Gloo group itself, and it takes only the backend names it knows in ddp_backend).
 """
 import argparse
+import gc
 import os
 
 import torch
@@ -55,6 +56,10 @@ def main():
     if dist.get_rank() == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out)
     dist.barrier()
+    # The Trainer's DDP model holds the group in a reference cycle: released while the
+    # interpreter is alive (ddp_train.py's release_process_group says why).
+    del trainer, model
+    gc.collect()
     dist.destroy_process_group()
 
 
