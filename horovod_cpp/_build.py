@@ -14,9 +14,41 @@ def has_core(directory):
                for suffix in _machinery.EXTENSION_SUFFIXES)
 
 
+# The CUDA libraries the core links (by soname) that PyTorch's wheel ships newer copies of, in
+# the NVIDIA packages beside it. One copy of each loads per process, the first one asked for:
+# the core's first (the toolkit's NCCL) leaves torch's libtorch_cuda without the symbols it
+# needs (an ImportError when torch is imported after horovod_cpp, e.g. by Keras's torch
+# backend). So the wheel's copies load first, whichever is imported first; NCCL 2 and the
+# CUDA 13 runtime keep their ABI across minor versions, so the core runs on them as it does
+# after ``import torch``.
+_FRAMEWORK_LIBRARIES = (("nvidia.nccl", "lib/libnccl.so.2"), ("nvidia.cu13", "lib/libcudart.so.13"))
+
+
+def _load_framework_libraries():
+    if "torch" in _sys.modules:
+        return  # torch loaded its own already
+    import ctypes
+    import importlib.util
+    for package, library in _FRAMEWORK_LIBRARIES:
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            continue
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            path = _os.path.join(location, library)
+            if _os.path.exists(path):
+                try:
+                    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                except OSError:
+                    pass
+                break
+
+
 def import_core():
     """``horovod_cpp._core``, or an ImportError that says what happened and what to do."""
     try:
+        if "horovod_cpp._core" not in _sys.modules:
+            _load_framework_libraries()
         from horovod_cpp import _core
         return _core
     except ImportError as error:

@@ -1,24 +1,33 @@
-"""Lifecycle and topology of ``horovod_cpp.torch``, as Horovod's ``basics``: ``init``,
-``shutdown``, ``size``/``rank``/..., what the build and the job use (``mpi_enabled``, ...), the
-timeline, the reduction ops and the error types. The lowest module of the package but
-``process_sets``: everything else stands on it.
+"""Lifecycle and topology shared by every framework's face (``horovod_cpp.torch``,
+``horovod_cpp.tensorflow``), as Horovod's ``horovod.common.basics``: ``init``, ``shutdown``,
+``size``/``rank``/..., what the build and the job use (``mpi_enabled``, ...), the timeline, the
+reduction ops and the error types. Names no framework: one process has one runtime, whichever
+frameworks it imports. The lowest module of the package but ``process_sets``.
 """
 import atexit
 import os
 import warnings
 
-import torch
-
 from horovod_cpp._build import import_core
 from horovod_cpp import elastic
-from horovod_cpp.torch.process_sets import ProcessSet, global_process_set, register_process_sets
+from horovod_cpp.common.process_sets import ProcessSet, global_process_set, register_process_sets
 
 _core = import_core()
-# Error messages about a collective name the caller's file:line, the first frame outside
-# horovod_cpp (the directory of its _core) and torch (a gradient's allreduce: the user's `loss.backward()`).
-_core.set_call_site_skip(sorted({
-    os.path.join(f(os.path.dirname(module.__file__)), "")
-    for module in (_core, torch) for f in (os.path.abspath, os.path.realpath)}))
+_call_site_skip = set()
+
+
+def skip_call_sites_in(*modules):
+    """Error messages about a collective name the caller's file:line: the first frame outside
+    horovod_cpp (the directory of its _core) and the packages given here by the frameworks'
+    faces (torch: a gradient's allreduce is the user's ``loss.backward()``; TensorFlow and
+    Keras: the user's ``tape.gradient`` or ``model.fit``)."""
+    _call_site_skip.update(
+        os.path.join(f(os.path.dirname(module.__file__)), "")
+        for module in modules for f in (os.path.abspath, os.path.realpath))
+    _core.set_call_site_skip(sorted(_call_site_skip))
+
+
+skip_call_sites_in(_core)
 
 HorovodInternalError = _core.HorovodInternalError
 HorovodPreconditionError = _core.HorovodPreconditionError
@@ -61,7 +70,7 @@ def init(comm=None, process_sets=None):
     ``add_process_set``/``remove_process_set`` later (like HOROVOD_DYNAMIC_PROCESS_SETS=1).
     Honours every HOROVOD_* variable set before the call (HOROVOD_TIMELINE included)."""
     if comm is not None:
-        raise ValueError("horovod_cpp.torch.init() does not take an MPI communicator; run the "
+        raise ValueError("horovod_cpp's init() does not take an MPI communicator; run the "
                          "job with mpirun and use process sets for subsets of ranks")
     ranks = []
     if process_sets == "dynamic":
@@ -188,7 +197,8 @@ def stop_timeline():
 
 
 __all__ = ["HorovodInternalError", "HorovodPreconditionError", "HorovodNotSupportedError",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product", "add_lifecycle_hooks", "init",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "add_lifecycle_hooks",
+    "skip_call_sites_in", "init",
     "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
     "cross_rank", "mpi_threads_supported", "mpi_built", "mpi_enabled", "gloo_built",
     "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "ccl_built", "ddl_built",

@@ -1,5 +1,5 @@
-"""Process sets, as in horovod.torch: ``ProcessSet``, ``global_process_set``,
-``add_process_set`` and ``remove_process_set``."""
+"""Process sets, as in Horovod: ``ProcessSet``, ``global_process_set``, ``add_process_set`` and
+``remove_process_set``; one registry per process, whichever frameworks use it."""
 from horovod_cpp._build import import_core
 
 _core = import_core()
@@ -14,7 +14,7 @@ class ProcessSet:
 
     def __init__(self, ranks):
         if ranks is not None and not isinstance(ranks, (list, tuple, range)):
-            raise ValueError("horovod_cpp.torch.ProcessSet takes a list of ranks "
+            raise ValueError("horovod_cpp's ProcessSet takes a list of ranks "
                              "(mpi4py communicators are not supported); got %r" % (ranks,))
         self.ranks = sorted(int(r) for r in ranks) if ranks is not None else None
         self.process_set_id = None

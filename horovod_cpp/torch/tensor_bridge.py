@@ -1,17 +1,18 @@
 """The bridge between torch tensors and ``horovod_cpp._core``: a tensor travels to the core as
 (data pointer, dtype code, shape, device, stream), and this module keeps it alive in
 ``_handle_map`` until its operation's handle is synchronized, so the extension never links
-PyTorch. Also the operations' names (``allreduce.<name>`` or ``allreduce.noname.<n>``), the
-checks every collective makes of its tensors and arguments, and ``poll``/``synchronize``.
+PyTorch. Also the checks every collective makes of its tensors, and ``poll``/``synchronize``;
+the operations' names and the checks of their arguments are horovod_cpp.common.ops's
+(re-exported here).
 """
-import threading
 import warnings
 
 import torch
 
-from horovod_cpp.torch.basics import (Adasum, Average, Max, Min, Product, Sum, _core,
-                                      add_lifecycle_hooks)
-from horovod_cpp.torch.process_sets import ProcessSet
+from horovod_cpp.common.ops import (check_supported_op,  # noqa: F401
+                                    handle_average_backwards_compatibility, op_name,
+                                    process_set_id)
+from horovod_cpp.torch.basics import _core, add_lifecycle_hooks
 
 _CODES = _core.DTYPES
 TORCH_TO_CODE = {
@@ -32,33 +33,10 @@ CPU_DEVICE = _core.CPU_DEVICE
 # handle -> (kind, objects to keep alive, what synchronize returns, CUDA device or None).
 # Setting and popping one key are atomic under the GIL, so the map needs no lock of its own.
 _handle_map = {}
-_noname = {}
-_noname_lock = threading.Lock()
-
-
-def _restart_names():
-    # Every rank starts again together: default names restart with the runtime, so a call
-    # that failed on one rank while it was down cannot shift that rank's sequence.
-    with _noname_lock:
-        _noname.clear()
-
-
-add_lifecycle_hooks(on_start=_restart_names, on_shutdown=_handle_map.clear)
+add_lifecycle_hooks(on_shutdown=_handle_map.clear)
 
 
 # ---- helpers -------------------------------------------------------------------------------
-
-def op_name(prefix, name):
-    """``<prefix>.<name>``, or ``<prefix>.noname.<n>`` numbered per process."""
-    if name is not None and not isinstance(name, str):
-        raise TypeError("%s: name must be a str or None, got %s" % (prefix, type(name).__name__))
-    if name is not None:
-        return "%s.%s" % (prefix, name)
-    with _noname_lock:
-        n = _noname.get(prefix, 0)
-        _noname[prefix] = n + 1
-    return "%s.noname.%d" % (prefix, n)
-
 
 def _supported(allow_bool):
     return ", ".join(str(t) for t in TORCH_TO_CODE if allow_bool or t != torch.bool)
@@ -115,35 +93,6 @@ def register(handle, kind, keep_alive, result, device=_UNKNOWN):
                                  else [keep_alive])
     _handle_map[handle] = (kind, keep_alive, result, device)
     return handle
-
-
-def process_set_id(process_set):
-    if not isinstance(process_set, ProcessSet):
-        raise ValueError("process_set must be an hvd.ProcessSet, got %r" % (process_set,))
-    if process_set.process_set_id is None:
-        raise ValueError("%r has not been registered (hvd.init(process_sets=...) or "
-                         "hvd.add_process_set)" % (process_set,))
-    return process_set.process_set_id
-
-
-def handle_average_backwards_compatibility(op, average):
-    """``op`` wins; ``average`` (deprecated) maps to Average/Sum; both at once is an error."""
-    if op is not None:
-        if average is not None:
-            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-        check_supported_op(op)
-        return op
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in "
-                      "v1.0", DeprecationWarning)
-        return Average if average else Sum
-    return Average
-
-
-def check_supported_op(op):
-    if op not in (Average, Sum, Adasum, Min, Max, Product):
-        raise ValueError("unknown reduction op %r; use hvd.Average, Sum, Adasum, Min, Max or "
-                         "Product" % (op,))
 
 
 def tensor_from_output(buffer, code, shape, device=None):

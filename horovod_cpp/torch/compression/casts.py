@@ -2,31 +2,7 @@
 values as float16 / bfloat16 and back (as Horovod's ``Compression.fp16``)."""
 import torch
 
-
-class Compressor:
-    """Interface for compressing and decompressing a tensor."""
-
-    @staticmethod
-    def compress(tensor):
-        """Returns the tensor to send and a context for decompress."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Restores a tensor received from the other ranks."""
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """No compression."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+from horovod_cpp.common.compression import Compressor, NoneCompressor  # noqa: F401
 
 
 class CastCompressor(Compressor):

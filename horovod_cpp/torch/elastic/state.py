@@ -1,80 +1,9 @@
 """Elastic state objects: what is committed, restored and synced across resets."""
 import copy
 
-from horovod_cpp.elastic import HostsUpdatedInterrupt, enabled, worker
+from horovod_cpp.common.elastic import ObjectState, State  # noqa: F401
 from horovod_cpp.torch.functions import (broadcast_object, broadcast_optimizer_state,
                                          broadcast_parameters)
-from horovod_cpp.torch.basics import rank
-
-
-class State(object):
-    """Base of the elastic states: commit = save + check_host_updates; restore; sync; reset
-    callbacks (run after every reset, on every rank, once the new world is up)."""
-
-    def __init__(self):
-        self._reset_callbacks = []
-
-    def register_reset_callbacks(self, callbacks):
-        """Functions called (no arguments) after every reset: where the learning rate and the
-        per-rank batch follow the new world size."""
-        self._reset_callbacks.extend(callbacks)
-
-    def on_reset(self):
-        for callback in self._reset_callbacks:
-            callback()
-
-    def commit(self):
-        """Saves the state (the point a failure rolls back to), then checks for host updates
-        (which raises HostsUpdatedInterrupt on every rank when there are some)."""
-        self.save()
-        self.check_host_updates()
-
-    def check_host_updates(self):
-        """Raises HostsUpdatedInterrupt on every rank when the driver has added or removed
-        hosts since this round began. Rank 0 asks the driver; every rank gets its answer, so
-        all raise or none does."""
-        changed = False
-        if enabled() and rank() == 0:
-            changed = worker().hosts_changed()
-        if broadcast_object(changed, 0, name="elastic.hosts_updated"):
-            raise HostsUpdatedInterrupt(skip_sync=False)
-
-    def save(self):
-        raise NotImplementedError()
-
-    def restore(self):
-        raise NotImplementedError()
-
-    def sync(self):
-        raise NotImplementedError()
-
-
-class ObjectState(State):
-    """Picklable attributes (``ObjectState(epoch=0, batch=0)``, then ``state.epoch``); synced by
-    broadcasting them from rank 0."""
-
-    def __init__(self, bcast_object=broadcast_object, get_rank=rank, **kwargs):
-        super().__init__()
-        self._bcast_object = bcast_object
-        self._get_rank = get_rank
-        self._saved_state = kwargs
-        self._set_attrs()
-
-    def save(self):
-        self._saved_state = {k: copy.deepcopy(getattr(self, k)) for k in self._saved_state}
-
-    def restore(self):
-        self._set_attrs()
-
-    def sync(self):
-        if self._saved_state:
-            self._saved_state = self._bcast_object(self._saved_state, 0,
-                                                   name="elastic.object_state")
-            self._set_attrs()
-
-    def _set_attrs(self):
-        for k, v in self._saved_state.items():
-            setattr(self, k, copy.deepcopy(v))
 
 
 class TorchState(ObjectState):
