@@ -58,6 +58,7 @@ scripts/install_deps.sh --plots  # (the scheduler's --plot, from the Debian venv
 source scripts/mpi_env.sh
 scripts/setup_venv.sh
 scripts/setup_venv.sh --pypi   # PyPI's newest torch: the lane whose figures count (see below)
+scripts/setup_venv.sh --tf     # TensorFlow 2 and Keras 3 (TF1, KT1)
 scripts/build.sh build -DPython3_EXECUTABLE=/usr/bin/python3
 if ((ccl_only)); then
   examples/bench/ccl_planes.sh $( ((quick)) && echo "--quick --runs 1") 2>&1 | tee bench.log
@@ -76,7 +77,7 @@ if ((quick)); then
   ST=(--blocks 3 --steps 8); PP=(--reps 15); VH=(--reps 6 --blocks 3); ROUNDS=2
   XR=(--reps 3 --resnet-reps 2); XS=(--steps 10); FTD=(--blocks 1 --steps 1); ATS=(450 400)
   FTP=(--blocks 2 --steps 2); SM=(--warmup 1 --steps 2); DL_STEPS=3
-  TD=(--blocks 2 --steps 2 --reps 5)
+  TD=(--blocks 2 --steps 2 --reps 5); TFO=(--blocks 2 --reps 50); KT=(--runs 1 --steps 15)
 else
   AR=(--reps 60 --resnet-reps 20); TL=(); ST=(--blocks 16); PP=(); VH=(); ROUNDS=3
   XR=(--reps 8 --resnet-reps 4); XS=(--steps 30)
@@ -87,6 +88,7 @@ else
   SM=()                        # sharded_memory.py's defaults: 2 warm-up + 4 timed steps
   DL_STEPS=20                  # stage3_meta_init.py: ~25 s a step at 4 ranks on 2 cores
   TD=()                        # c10d_ddp.py's defaults: 6 interleaved blocks of 5 steps
+  TFO=(); KT=()                # tf_op_latency.py's 5 x 200 calls; keras_vs_mwms.py's 3 runs
 fi
 LIMIT_MIB=4096   # stage 3's demonstration: each rank's memory limit
 if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT; fi
@@ -171,6 +173,9 @@ if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT;
       fi
       rm -rf "$sharded3/ckpt"
     done
+    echo "# TensorFlow: an allreduce eagerly and in tf.function vs torch's (TF1); Keras fit vs MultiWorkerMirroredStrategy (KT1)"
+    "${MPIRUN[@]}" -x TF_CPP_MIN_LOG_LEVEL=3 .venv-tf/bin/python examples/bench/tf_op_latency.py "${TFO[@]}"
+    .venv-tf/bin/python examples/bench/keras_vs_mwms.py "${KT[@]}"
     echo "# gradient readiness: post-accumulate-grad hooks (PyTorch 2.1+) vs accumulator hooks"
     "${MPIRUN[@]}" .venv-pypi/bin/python examples/bench/grad_hooks.py
     echo "# adaptive training: time to 0.95 and 0.97 test accuracy on MNIST-1D at np 2, final accuracy after 10 s (FIGURE TTA1-4)"

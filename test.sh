@@ -15,23 +15,28 @@ source scripts/mpi_env.sh
 #    HorovodRunner tests (a real local SparkSession). Then the PyPI lane: .venv-pypi, a venv
 #    without Debian's packages, with the newest torch and pyspark from PyPI (pinned in
 #    scripts/pypi-lane.txt; downloaded once per machine, ~3 GB, into a venv shared by every
-#    checkout: scripts/setup_venv.sh) and horovod_cpp by a plain `pip install .`.
+#    checkout: scripts/setup_venv.sh) and horovod_cpp by a plain `pip install .`. Then the
+#    TensorFlow lane: .venv-tf, TensorFlow 2 and Keras 3 from PyPI (scripts/tf-lane.txt, ~700 MB
+#    once per machine, shared the same way) beside the PyPI lane's torch.
 # 2. The default build (NCCL backend on when CUDA and NCCL are found): every test, the Python
-#    ones included, on both lanes (Debian's torch 1.13: python_*; PyPI's: pypi_python_*).
-# The PyPI lane is set up in the background while the default build compiles (after .venv: the
-# two pip installs of this checkout would share its setuptools build directory). On a new
+#    ones included, on the three lanes (Debian's torch 1.13: python_*; PyPI's: pypi_python_*;
+#    TensorFlow's: tf_*).
+# The PyPI and TensorFlow lanes are set up in the background, one after the other, while the
+# default build compiles (after .venv: two pip installs of this checkout at once would share
+# its setuptools build directory). On a new
 # machine that gains little (unpacking its wheels, ~2 minutes, takes a core from the compilers:
 # 396 s for both against 407-423 s one after the other); where the shared venvs exist, its
 # ~20 s hide behind the build.
-stage "the virtual environments and the default build (the PyPI lane's venv in the background)"
+stage "the virtual environments and the default build (the PyPI and TensorFlow lanes' venvs in the background)"
 scripts/setup_venv.sh --spark
-scripts/setup_venv.sh --pypi > setup-venv-pypi.log 2>&1 &
+{ scripts/setup_venv.sh --pypi && scripts/setup_venv.sh --tf; } > setup-venv-pypi.log 2>&1 &
 pypi_lane=$!
 trap 'kill $pypi_lane 2>/dev/null || true' EXIT
 scripts/build.sh build -DHVD_WERROR=ON -DPython3_EXECUTABLE=/usr/bin/python3 \
-  -DHVD_TEST_PYTHON="$PWD/.venv/bin/python" -DHVD_TEST_PYTHON_PYPI="$PWD/.venv-pypi/bin/python"
-stage "waiting for the PyPI lane's venv"
-wait $pypi_lane || { cat setup-venv-pypi.log >&2; echo "test.sh: scripts/setup_venv.sh --pypi failed" >&2; exit 1; }
+  -DHVD_TEST_PYTHON="$PWD/.venv/bin/python" -DHVD_TEST_PYTHON_PYPI="$PWD/.venv-pypi/bin/python" \
+  -DHVD_TEST_PYTHON_TF="$PWD/.venv-tf/bin/python"
+stage "waiting for the PyPI and TensorFlow lanes' venvs"
+wait $pypi_lane || { cat setup-venv-pypi.log >&2; echo "test.sh: scripts/setup_venv.sh --pypi / --tf failed" >&2; exit 1; }
 cat setup-venv-pypi.log >&2
 trap - EXIT
 # 2a. The docs site, warnings as errors: a broken link (a page's or the README's), a page out of
@@ -68,7 +73,7 @@ setsid sh -c 'echo 19 > /proc/self/autogroup 2>/dev/null; exec nice -n 19 script
 builds=$!
 trap 'kill -- -$builds 2>/dev/null || true' EXIT
 
-stage "ctest (both PyTorch lanes; the sanitizer builds compiling meanwhile)"
+stage "ctest (the PyTorch and TensorFlow lanes; the sanitizer builds compiling meanwhile)"
 (cd build && ctest --output-on-failure -j 2 --timeout 600)
 
 # 2b. Across hosts: a test bed of 3 hosts made on this machine (network namespaces, sshd;

@@ -8,6 +8,10 @@
 #                           the packages pinned in scripts/pypi-lane.txt (the newest torch, its
 #                           CUDA wheel ~3 GB, pyspark, ...), horovod_cpp by a plain `pip install .`
 #                           (PEP 517 build isolation, as a user installs it)
+#   setup_venv.sh --tf      .venv-tf: the TensorFlow lane, a venv WITHOUT system site packages with
+#                           TensorFlow 2 and Keras 3 pinned in scripts/tf-lane.txt; it also sees
+#                           the PyPI lane's shared venv, after its own (torch for Keras's torch
+#                           backend, pyspark for HorovodRunner); horovod_cpp by `pip install .`
 #   setup_venv.sh --docs    .venv-docs: Sphinx and MyST (scripts/docs-requirements.txt) beside
 #                           Debian's torch, for scripts/build_docs.sh (horovod_cpp is read from
 #                           the checkout, its compiled core mocked: nothing is built)
@@ -27,9 +31,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-  ""|--pypi|--docs) scripts/install_deps.sh ;;
+  ""|--pypi|--tf|--docs) scripts/install_deps.sh ;;
   --spark) scripts/install_deps.sh --spark ;;
-  *) echo "usage: scripts/setup_venv.sh [--spark | --pypi | --docs]" >&2; exit 2 ;;
+  *) echo "usage: scripts/setup_venv.sh [--spark | --pypi | --tf | --docs]" >&2; exit 2 ;;
 esac
 PYSPARK_VERSION=4.0.5   # Debian lane; tested with Java 17; any pyspark >= 3.5 works
 RAY_VERSION=2.60.0      # Debian lane: horovod_cpp.ray's tests (a local cluster and the test bed)
@@ -38,9 +42,9 @@ pip=(--quiet --disable-pip-version-check)
 
 die() { echo "setup_venv: $*" >&2; exit 1; }
 
-check_import() {  # from outside the checkout, so the installed package is the one imported
-  (cd / && "$OLDPWD/$1" -c "import horovod_cpp.torch") ||
-    die "horovod_cpp.torch does not import in $1"
+check_import() {  # check_import PYTHON [MODULE]: from outside the checkout, so the installed
+  local module=${2:-horovod_cpp.torch}  # package is the one imported
+  (cd / && "$OLDPWD/$1" -c "import $module") || die "$module does not import in $1"
 }
 
 site_packages() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))'; }
@@ -72,10 +76,11 @@ shared_venv() {
   echo "$base"
 }
 
-# own_venv DIR SYSTEM_SITE [SHARED]: DIR as a venv of its own (made again if it is not one of
-# this layout, e.g. a full venv from before the shared ones) that sees SHARED's packages.
+# own_venv DIR SYSTEM_SITE [SHARED...]: DIR as a venv of its own (made again if it is not one of
+# this layout, e.g. a full venv from before the shared ones) that sees the SHARED venvs'
+# packages, the first one's first.
 own_venv() {
-  local dir=$1 system=$2 shared=${3:-} sp f name
+  local dir=$1 system=$2 shared sp f name
   if [[ -x $dir/bin/python && ! -f $dir/.hvd-layout ]]; then
     echo "setup_venv: $dir is a venv of the old layout (every package inside it): made again" >&2
     rm -rf "$dir"
@@ -85,21 +90,25 @@ own_venv() {
     echo "packages from PyPI: the shared venv named in site-packages/_hvd_shared.pth" \
       > "$dir/.hvd-layout"
   fi
-  [[ -n $shared ]] || return 0
+  shift 2
+  [[ $# -gt 0 ]] || return 0
   sp=$(site_packages "$dir")
-  # site.addsitedir, not a bare path: the shared site-packages' own .pth files are read too.
-  echo "import site; site.addsitedir('$(site_packages "$shared")')" > "$sp/_hvd_shared.pth"
-  # The shared venv's console scripts (ray, pytest, ...), run by this venv's python, and its
-  # other programs (pyspark's spark-submit, ...) linked.
-  for f in "$shared"/bin/*; do
-    name=$(basename "$f")
-    [[ -f $f && -x $f && ! -e $dir/bin/$name && $name != activate* ]] || continue
-    if head -1 "$f" | grep -q "^#!$shared/bin/python"; then
-      { echo "#!$PWD/$dir/bin/python"; tail -n +2 "$f"; } > "$dir/bin/$name"
-      chmod +x "$dir/bin/$name"
-    else
-      ln -s "$f" "$dir/bin/$name"
-    fi
+  rm -f "$sp/_hvd_shared.pth"
+  for shared in "$@"; do
+    # site.addsitedir, not a bare path: the shared site-packages' own .pth files are read too.
+    echo "import site; site.addsitedir('$(site_packages "$shared")')" >> "$sp/_hvd_shared.pth"
+    # The shared venv's console scripts (ray, pytest, ...), run by this venv's python, and its
+    # other programs (pyspark's spark-submit, ...) linked.
+    for f in "$shared"/bin/*; do
+      name=$(basename "$f")
+      [[ -f $f && -x $f && ! -e $dir/bin/$name && $name != activate* ]] || continue
+      if head -1 "$f" | grep -q "^#!$shared/bin/python"; then
+        { echo "#!$PWD/$dir/bin/python"; tail -n +2 "$f"; } > "$dir/bin/$name"
+        chmod +x "$dir/bin/$name"
+      else
+        ln -s "$f" "$dir/bin/$name"
+      fi
+    done
   done
 }
 
@@ -110,6 +119,18 @@ if [[ "${1:-}" == "--pypi" ]]; then
   own_venv "$venv" 0 "$shared"
   "$venv/bin/python" -m pip install "${pip[@]}" .
   check_import "$venv/bin/python"
+  exit 0
+fi
+
+if [[ "${1:-}" == "--tf" ]]; then
+  venv=.venv-tf
+  shared=$(shared_venv tf 0 scripts/tf-lane.txt \
+    "scripts/tf-lane.txt (TensorFlow's CPU wheel and Keras: ~700 MB, a minute or two)")
+  pypi_shared=$(shared_venv pypi 0 scripts/pypi-lane.txt \
+    "scripts/pypi-lane.txt (torch's CUDA wheel and its NVIDIA libraries: ~3 GB, a few minutes)")
+  own_venv "$venv" 0 "$shared" "$pypi_shared"
+  "$venv/bin/python" -m pip install "${pip[@]}" .
+  check_import "$venv/bin/python" "horovod_cpp.tensorflow, horovod_cpp.keras"
   exit 0
 fi
 

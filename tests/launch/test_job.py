@@ -281,19 +281,63 @@ TORCH_LAYERS = [
 ]
 
 
-def test_the_torch_modules_import_only_downwards():
+# horovod_cpp.tensorflow and horovod_cpp.keras, lowest first, as TORCH_LAYERS.
+TENSORFLOW_LAYERS = [
+    ["basics"],
+    ["tensor_bridge"],
+    ["collectives", "compression"],
+    ["functions", "gradient_tape"],
+    ["elastic"],
+    ["", "keras"],
+]
+KERAS_LAYERS = [
+    ["backend_ops"],
+    ["optimizer", "callbacks", "elastic"],
+    [""],
+]
+# horovod_cpp.common: what every face shares; it names no framework (below).
+COMMON_LAYERS = [
+    ["", "process_sets"],
+    ["basics"],
+    ["ops"],
+    ["compression", "objects", "reducer"],
+    ["elastic"],
+]
+
+
+@pytest.mark.parametrize("face,layers", [("torch", TORCH_LAYERS),
+                                         ("tensorflow", TENSORFLOW_LAYERS),
+                                         ("keras", KERAS_LAYERS), ("common", COMMON_LAYERS)])
+def test_the_modules_of_each_face_import_only_downwards(face, layers):
     graph = _import_graph()
-    layer_of = {("horovod_cpp.torch." + m).rstrip("."): i
-                for i, names in enumerate(TORCH_LAYERS) for m in names}
-    torch_modules = {m for m in graph if m == "horovod_cpp.torch" or
-                     m.startswith("horovod_cpp.torch.")}
-    assert torch_modules == set(layer_of), \
-        "place these in TORCH_LAYERS: %s" % sorted(torch_modules ^ set(layer_of))
+    prefix = "horovod_cpp." + face
+    layer_of = {(prefix + "." + m).rstrip("."): i for i, names in enumerate(layers) for m in names}
+    face_modules = {m for m in graph if m == prefix or m.startswith(prefix + ".")}
+    assert face_modules == set(layer_of), \
+        "place these in %s_LAYERS: %s" % (face.upper(), sorted(face_modules ^ set(layer_of)))
     upward = ["%s:%d imports %s" % (m, line, target)
-              for m in sorted(torch_modules) for target, _, line in graph[m]
+              for m in sorted(face_modules) for target, _, line in graph[m]
               if target in layer_of and layer_of[target] > layer_of[m]]
     assert not upward, upward
 
+
+def test_the_common_modules_name_no_framework():
+    """horovod_cpp.common is shared by the faces: importing it never imports torch, TensorFlow,
+    Keras or a face (so a TensorFlow job never loads torch, and the other way round)."""
+    frameworks = ("torch", "tensorflow", "keras", "horovod_cpp.torch", "horovod_cpp.tensorflow",
+                  "horovod_cpp.keras")
+    found = []
+    for name, path in _package_modules().items():
+        if not name.startswith("horovod_cpp.common") or path is None:
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += ["%s:%d imports %s" % (name, node.lineno, n) for n in names
+                      if n.split(".")[0] in frameworks or n.startswith(frameworks[3:])]
+    assert not found, found
 
 
 # Every public name of horovod.torch 0.28.1 (its __init__.py), at the module paths Horovod has
