@@ -143,9 +143,28 @@ class ModelState(VariablesState):
         return variables
 
 
+# Functions that say whether an exception is a HorovodInternalError in a framework's wrapping
+# (its message, or None): horovod_cpp.tensorflow registers one for the errors of its ops inside
+# a tf.function, which reach Python as tf.errors.UnknownError.
+_internal_error_readers = []
+
+
+def add_internal_error_reader(reader):
+    """Registers ``reader(exception) -> message or None`` (see above)."""
+    _internal_error_readers.append(reader)
+
+
+def _wrapped_internal_error(error):
+    for reader in _internal_error_readers:
+        message = reader(error)
+        if message is not None:
+            return message
+    return None
+
+
 def run(func):
-    """Decorates ``func(state, *args, **kwargs)``: on HorovodInternalError the state is
-    restored to its last commit, on HostsUpdatedInterrupt it is kept; either way the job
+    """Decorates ``func(state, *args, **kwargs)``: on HorovodInternalError (also as a framework
+    wraps it, see ``add_internal_error_reader``) the state is restored to its last commit, on HostsUpdatedInterrupt it is kept; either way the job
     re-forms (hvd.shutdown, the driver's next round, hvd.init), the state is synced from rank
     0 (unless the interrupt says it need not be), the reset callbacks run, and ``func`` is
     called again. Returns ``func``'s value."""
@@ -168,6 +187,13 @@ def run(func):
             except HostsUpdatedInterrupt as e:
                 skip_sync = e.skip_sync
                 why = "hosts updated"
+            except Exception as e:  # noqa: B902 (a framework's wrapping of the two above)
+                message = _wrapped_internal_error(e)
+                if message is None:
+                    raise
+                state.restore()
+                skip_sync = False
+                why = "HorovodInternalError: %s" % message
             worker().request_reset(why)
             basics.shutdown()
             basics.init()

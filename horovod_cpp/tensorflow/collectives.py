@@ -18,9 +18,14 @@ from horovod_cpp.common.ops import (handle_average_backwards_compatibility, op_n
 from horovod_cpp.common.process_sets import global_process_set
 from horovod_cpp.tensorflow.basics import (Adasum, Average, HorovodNotSupportedError, Sum, _core,
                                            rank)
+from horovod_cpp.common.elastic import add_internal_error_reader
 from horovod_cpp.tensorflow.tensor_bridge import (check_tensor, describe, empty, from_output,
-                                                  gradient_may_be_recorded, host_array, run,
-                                                  to_tensor)
+                                                  gradient_may_be_recorded, host_array,
+                                                  internal_error_message, run, to_tensor)
+
+# A job's failure inside a tf.function reaches Python as tf.errors.UnknownError: elastic
+# training (hvd.elastic.run, Keras's too) treats it as the HorovodInternalError it wraps.
+add_internal_error_reader(internal_error_message)
 
 
 def _no_compression(compression):

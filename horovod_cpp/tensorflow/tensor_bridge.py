@@ -108,6 +108,18 @@ def _in_xla_context():
         return False
 
 
+_INTERNAL_ERROR = "HorovodInternalError: "
+
+
+def internal_error_message(error):
+    """The message of a HorovodInternalError raised by one of these ops inside a
+    ``tf.function``: TensorFlow hands it to Python as a ``tf.errors.UnknownError`` whose message
+    names it (as Horovod's compiled ops' errors arrive). None for any other exception."""
+    if isinstance(error, tf.errors.OpError) and _INTERNAL_ERROR in (error.message or ""):
+        return error.message.split(_INTERNAL_ERROR, 1)[1].split("\n", 1)[0]
+    return None
+
+
 def gradient_may_be_recorded():
     """Whether an op made now may be differentiated: inside a graph, or eagerly under a
     GradientTape. Eagerly without one, the collectives skip ``tf.custom_gradient`` (which

@@ -1,9 +1,11 @@
 """The TensorFlow lane's launcher tests (run by the TensorFlow lane's Python, not under
 mpirun): ranks of TensorFlow and torch in one job agree, or disagree with a clear error on
 every rank; hvdrun (mpirun and Gloo) runs the Keras example; HorovodRunner runs a Keras
-train() on the local Spark session; the timeline names TensorFlow's operations."""
+train() on the local Spark session; the timeline names TensorFlow's operations; elastic Keras
+training survives a killed rank."""
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -99,3 +101,58 @@ def test_the_timeline_names_tensorflow_ops(tmp_path):
     names = {e.get("args", {}).get("name") for e in events if isinstance(e, dict)} | \
         {e.get("name") for e in events if isinstance(e, dict)}
     assert any(n and "allreduce.mixed" in n for n in names), sorted(n for n in names if n)[:40]
+
+
+def test_elastic_keras_fit_survives_a_killed_rank(tmp_path):
+    """hvdrun's elastic mode, 3 workers on this host's three names, KerasState and the elastic
+    callbacks: one worker killed mid-training, the other two roll back to the last commit,
+    agree on rank 0's weights and finish the epochs."""
+    import re
+    import signal
+    import time
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n%s:1\n" % socket.gethostname())
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\ncat %s\n" % hosts)
+    script.chmod(0o755)
+    program = os.path.join(ROOT, "tests", "tensorflow", "programs", "keras_elastic.py")
+    job = subprocess.Popen([sys.executable, "-m", "horovod_cpp.runner", "-np", "3", "--min-np",
+                            "2", "--max-np", "3", "--host-discovery-script", str(script),
+                            sys.executable, program, "--epochs", "5", "--step-delay", "0.02"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    out, killed = [], False
+    deadline = time.monotonic() + 200
+    for line in job.stdout:
+        out.append(line.rstrip("\n"))
+        if not killed and "epoch 2/5  3 ranks" in line:
+            time.sleep(0.5)
+            for pid in _worker_pids("127.0.0.1:0", "keras_elastic.py"):
+                os.kill(pid, signal.SIGKILL)
+            killed = True
+        if time.monotonic() > deadline:
+            job.kill()
+            break
+    text = "\n".join(out)
+    assert job.wait(30) == 0, text
+    assert killed, text
+    checks = [l for l in out if "reset check: rank" in l and "of 2 holds" in l]
+    assert len(checks) == 2 and all(l.endswith("True") for l in checks), text
+    done = re.search(r"done: 5 epochs, 2 ranks at the end, 1 resets, final loss ([0-9.]+)", text)
+    assert done and float(done.group(1)) < 0.5, text
+
+
+def _worker_pids(worker_id, program):
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/environ" % entry, "rb") as f:
+                env = f.read().split(b"\0")
+            with open("/proc/%s/cmdline" % entry, "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if program.encode() in cmd and ("HOROVOD_ELASTIC_WORKER_ID=%s" % worker_id).encode() in env:
+            pids.append(int(entry))
+    return pids

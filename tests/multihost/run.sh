@@ -257,6 +257,22 @@ else
   "$TESTBED" spark down
 fi
 
+# HorovodRunner with a Keras train() on the same cluster started from the TensorFlow lane (its
+# TensorFlow, Keras and, through the PyPI lane's venv, pyspark): 4 ranks on the worker hosts,
+# training equal to one process on the full batch.
+PY_TF="$ROOT_DIR/.venv-tf/bin/python"
+if ! selected "Spark Keras (TensorFlow lane)" || [[ ! -x $PY_TF ]]; then
+  :
+elif master=$("$TESTBED" spark up --cores 2 --python "$PY_TF" | tail -1); then
+  run "Spark Keras (TensorFlow lane)" 600 env HVD_SPARK_MASTER="$master" sh -c \
+    "cd '$ROOT_DIR/tests/multihost/spark' && '$PY_TF' -m pytest test_keras.py"
+  "$TESTBED" spark down
+else
+  echo "multihost: FAIL the Spark cluster (TensorFlow lane) did not start" >&2
+  failures=$((failures + 1))
+  "$TESTBED" spark down
+fi
+
 # A Ray cluster across the hosts (testbed.sh ray up: the head on hvd-h1, the driver's host, with
 # no CPUs; a 2-CPU node on hvd-h2 and hvd-h3, token authentication): horovod_cpp.ray's
 # RayExecutor there (tests/multihost/ray: placement, ranks per host, errors, and last a worker

@@ -270,3 +270,18 @@ def test_a_tapes_call_site_is_the_users_gradient_line():
     assert "DistributedGradientTape" in str(info.value)
     for r, s in enumerate(sites):
         assert s in str(info.value), (s, str(info.value))
+
+
+def test_an_error_inside_a_function_arrives_as_tensorflows_with_the_message():
+    from horovod_cpp.tensorflow.tensor_bridge import internal_error_message
+
+    @tf.function
+    def reduce(x):
+        return hvd.allreduce(x, name="fn_mismatch")
+    with pytest.raises(tf.errors.OpError) as info:
+        reduce(tf.ones([2] if hvd.rank() == 0 else [3]))
+    message = internal_error_message(info.value)  # what hvd.elastic.run reads
+    assert message is not None and "allreduce.fn_mismatch" in message, str(info.value)
+    assert "mismatched shapes" in message
+    assert internal_error_message(ValueError("HorovodInternalError: no")) is None
+    hvd.barrier()
