@@ -241,34 +241,30 @@ fi
 rm -f "$spark_report"
 "$TESTBED" spark down
 
-# Spark's TorchDistributor (local_mode=False) on the same cluster started from the PyPI lane
-# (its pyspark and torch: the torch.distributed backend needs PyTorch >= 2.2): a DDP function
-# on the horovod_cpp backend, one process on each worker host, against Gloo.
+# One more Spark cluster, started from the TensorFlow lane, whose Python also sees the PyPI
+# lane's torch and pyspark (or from the PyPI lane where there is no TensorFlow lane):
+# - Spark's TorchDistributor (local_mode=False): a DDP function on the horovod_cpp backend, one
+#   process on each worker host, against Gloo (the backend needs PyTorch >= 2.2: PyPI's);
+# - HorovodRunner with a Keras train(): 4 ranks on the worker hosts, training equal to one
+#   process on the full batch.
+# (One cluster for both: a start and stop cost ~15-20 s.)
 PY_PYPI="$ROOT_DIR/.venv-pypi/bin/python"
-if ! selected "Spark TorchDistributor" || [[ ! -x $PY_PYPI ]]; then
-  :
-elif master=$("$TESTBED" spark up --cores 2 --python "$PY_PYPI" | tail -1); then
-  run "Spark TorchDistributor (PyPI lane)" 600 env HVD_SPARK_MASTER="$master" sh -c \
-    "cd '$ROOT_DIR/tests/multihost/spark' && '$PY_PYPI' -m pytest test_torch_distributor.py"
-  "$TESTBED" spark down
-else
-  echo "multihost: FAIL the Spark cluster (PyPI lane) did not start" >&2
-  failures=$((failures + 1))
-  "$TESTBED" spark down
-fi
-
-# HorovodRunner with a Keras train() on the same cluster started from the TensorFlow lane (its
-# TensorFlow, Keras and, through the PyPI lane's venv, pyspark): 4 ranks on the worker hosts,
-# training equal to one process on the full batch.
 PY_TF="$ROOT_DIR/.venv-tf/bin/python"
-if ! selected "Spark Keras (TensorFlow lane)" || [[ ! -x $PY_TF ]]; then
+spark_py=$PY_TF
+[[ -x $spark_py ]] || spark_py=$PY_PYPI
+if ! { selected "Spark TorchDistributor" || selected "Spark Keras"; } || [[ ! -x $spark_py ]]; then
   :
-elif master=$("$TESTBED" spark up --cores 2 --python "$PY_TF" | tail -1); then
-  run "Spark Keras (TensorFlow lane)" 600 env HVD_SPARK_MASTER="$master" sh -c \
-    "cd '$ROOT_DIR/tests/multihost/spark' && '$PY_TF' -m pytest test_keras.py"
+elif master=$("$TESTBED" spark up --cores 2 --python "$spark_py" | tail -1); then
+  run "Spark TorchDistributor ($(basename "$(dirname "$(dirname "$spark_py")")"))" 600 \
+    env HVD_SPARK_MASTER="$master" sh -c \
+    "cd '$ROOT_DIR/tests/multihost/spark' && '$spark_py' -m pytest test_torch_distributor.py"
+  if [[ $spark_py == "$PY_TF" ]]; then
+    run "Spark Keras (.venv-tf)" 600 env HVD_SPARK_MASTER="$master" sh -c \
+      "cd '$ROOT_DIR/tests/multihost/spark' && '$spark_py' -m pytest test_keras.py"
+  fi
   "$TESTBED" spark down
 else
-  echo "multihost: FAIL the Spark cluster (TensorFlow lane) did not start" >&2
+  echo "multihost: FAIL the Spark cluster ($spark_py) did not start" >&2
   failures=$((failures + 1))
   "$TESTBED" spark down
 fi

@@ -2,7 +2,7 @@
 2 cores, the driver on hvd-h1), running a DDP function on the horovod_cpp torch.distributed
 backend against the same function on Gloo: one process on each worker host, the same
 parameters. Needs PyPI's torch and pyspark (tests/multihost/run.sh starts the cluster from the
-PyPI lane for it)."""
+TensorFlow lane, whose Python sees the PyPI lane's packages, or from the PyPI lane)."""
 import os
 import socket
 import sys
