@@ -13,6 +13,7 @@ import cloudpickle
 import pytest
 
 from horovod_cpp.spark import HorovodRunner
+from test_elastic import worker_pids
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.deadline(240)
@@ -126,7 +127,7 @@ def test_elastic_keras_fit_survives_a_killed_rank(tmp_path):
         out.append(line.rstrip("\n"))
         if not killed and "epoch 2/5  3 ranks" in line:
             time.sleep(0.5)
-            for pid in _worker_pids("127.0.0.1:0", "keras_elastic.py"):
+            for pid in worker_pids("127.0.0.1:0", "keras_elastic.py"):
                 os.kill(pid, signal.SIGKILL)
             killed = True
         if time.monotonic() > deadline:
@@ -140,19 +141,3 @@ def test_elastic_keras_fit_survives_a_killed_rank(tmp_path):
     done = re.search(r"done: 5 epochs, 2 ranks at the end, 1 resets, final loss ([0-9.]+)", text)
     assert done and float(done.group(1)) < 0.5, text
 
-
-def _worker_pids(worker_id, program):
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/environ" % entry, "rb") as f:
-                env = f.read().split(b"\0")
-            with open("/proc/%s/cmdline" % entry, "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if program.encode() in cmd and ("HOROVOD_ELASTIC_WORKER_ID=%s" % worker_id).encode() in env:
-            pids.append(int(entry))
-    return pids
