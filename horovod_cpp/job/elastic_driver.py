@@ -85,6 +85,8 @@ class Worker(object):
         self.ended = None  # exit status once it ended
         self.removed = False  # stopped by the driver (its host went away or was blacklisted)
         self.leaving = None  # when the driver began draining it (its slot was removed)
+        self.failed = None  # why, if it exited with a failure of its own (a status, not a
+        # signal; not lost with its host), or was stopped because a worker of its host did
 
     def live(self):
         return self.ended is None and not self.removed
@@ -157,7 +159,7 @@ class ElasticDriver(object):
     def usable(self, host, now):
         return self.blacklist.get(host, 0) <= now
 
-    def blacklist_host(self, host, why):
+    def blacklist_host(self, host, why, failed=False):
         self.failures[host] = self.failures.get(host, 0) + 1
         if self.cooldown_range:
             lo, hi = self.cooldown_range
@@ -170,6 +172,8 @@ class ElasticDriver(object):
         for w in self.workers:
             if w.host == host and w.live():
                 self.stop_worker(w)
+                if failed:
+                    w.failed = why
 
     # ---- workers -------------------------------------------------------------------------
     def worker_env(self, w):
@@ -365,7 +369,9 @@ class ElasticDriver(object):
                         why = "worker %s ended with %s%s" % (
                             w.id, proc.describe_exit(w.ended), _error_text(w.proc))
                         self.log(why)
-                        self.blacklist_host(w.host, why)
+                        if w.ended > 0:
+                            w.failed = why
+                        self.blacklist_host(w.host, why, failed=w.ended > 0)
                         need = need or why
             ended_ok = [w for w in self.members if w.ended == 0]
             if ended_ok:
@@ -456,6 +462,15 @@ class ElasticDriver(object):
                     raise ElasticError("%s, and the hosts are fixed (-H without "
                                        "--host-discovery-script): none can come (%s)"
                                        % (remain, need))
+                failed = [w.failed for w in self.members if w.failed]
+                if not live and not starting and len(failed) == len(self.members) > 0:
+                    # Every member of the round exited with an error of its own (a user's
+                    # exception raised on every rank): the program's failure, not its hosts',
+                    # which new hosts would only repeat. (Horovod waits --elastic-timeout.)
+                    raise ElasticError("every worker of round %d ended with a failure of its "
+                                       "own, so the job fails without waiting "
+                                       "--elastic-timeout for hosts (first: %s)"
+                                       % (self.round, failed[0]))
                 if self.short_since is None:
                     self.short_since = now
                     self.log("%d workers left, fewer than --min-np %d: waiting up to %g s for "

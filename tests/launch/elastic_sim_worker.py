@@ -3,7 +3,8 @@ tests/launch/test_elastic.py:  elastic_sim_worker.py TARGET_SIZE [FAILING_WORKER
 
 Joins rounds until one has TARGET_SIZE ranks, then exits 0. Between rounds it does what a real
 rank's hvd.elastic.run does: a newer round (a peer failed) or a host update makes it ask for a
-reset and join again. FAILING_WORKER_ID exits 3 right after joining the first round.
+reset and join again. FAILING_WORKER_ID exits 3 right after joining the first round ("*":
+every worker does).
 HVD_SIM_START_DELAY: seconds the process takes to start before it joins (a real rank's Python
 and torch imports). HVD_SIM_FROM_ROUND: rounds before this one do not end it, whatever their
 size.
@@ -23,7 +24,7 @@ while time.monotonic() < deadline:
     k = w.join()
     size = int(os.environ["HOROVOD_SIZE"])
     print("round %d rank %s size %d" % (k, os.environ["HOROVOD_RANK"], size), flush=True)
-    if w.id == failing and k == 0:
+    if failing in (w.id, "*") and k == 0:
         time.sleep(0.3)
         sys.exit(3)
     if size == target and k >= int(os.environ.get("HVD_SIM_FROM_ROUND", "0")):

@@ -181,6 +181,33 @@ def test_fewer_than_min_np_on_fixed_hosts_fails_at_once(tmp_path):
     assert not any(w.proc.poll() is None for w in d.workers)  # nothing left running
 
 
+def test_every_member_failing_on_its_own_fails_the_job_at_once(tmp_path):
+    # Each worker exits 3 in round 0 (a user's exception on every rank): new hosts would only
+    # repeat it, so the driver does not wait --elastic-timeout for them.
+    script, _ = discovery(tmp_path, [A + ":1", B + ":1"])
+    lines = []
+    d = driver(SIM + ["2", "*"], 2, 1, 2, script, lines, elastic_timeout=120)
+    start = time.monotonic()
+    with pytest.raises(ElasticError, match=r"every worker of round 0 ended with a failure of its "
+                                           r"own, .* \(first: worker .*:0 ended with exit code 3"):
+        d.run()
+    assert time.monotonic() - start < 15
+    assert not any(w.proc.poll() is None for w in d.workers)
+
+
+def test_a_worker_stopped_with_its_failed_host_counts_as_failed(tmp_path):
+    # localhost:0 fails; localhost:1 is stopped with its blacklisted host: nobody is left who
+    # failed for another reason, so the job ends at once too.
+    script, _ = discovery(tmp_path, [A + ":2"])
+    lines = []
+    d = driver(SIM + ["2", A + ":0"], 2, 1, 2, script, lines, elastic_timeout=120)
+    start = time.monotonic()
+    with pytest.raises(ElasticError, match=r"every worker of round 0 .* \(first: worker "
+                                           r"localhost:0 ended with exit code 3"):
+        d.run()
+    assert time.monotonic() - start < 15
+
+
 def test_reset_limit(tmp_path):
     script, _ = discovery(tmp_path, [A + ":1", B + ":1", C + ":1"])
     lines = []
