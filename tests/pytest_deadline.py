@@ -43,6 +43,15 @@ def deadline(request):
                 sys.stderr.write("\n%s\n" % hook())
             except Exception as e:  # (a report, never a second failure)
                 sys.stderr.write("\n(an expiry report failed: %r)\n" % e)
+        if capture is not None:  # what the test printed (or its processes, at the fd level),
+            try:                 # which exiting here would lose; last, so a log's tail has it
+                out, err = capture.read_global_capture()
+                if out or err:
+                    sys.stderr.write("\n[rank %s] the test's captured output (its end):\n%s%s\n"
+                                     % (os.environ.get("OMPI_COMM_WORLD_RANK", "-"),
+                                        out[-8000:], err[-8000:]))
+            except Exception as e:
+                sys.stderr.write("\n(reading the captured output failed: %r)\n" % e)
         sys.stderr.flush()
         for pid in descendants(os.getpid()):
             try:

@@ -29,7 +29,12 @@ def cluster():
 
 
 def ddp_on(backend, programs):
+    import faulthandler
     import torch.distributed as dist
+    # (Should a process hang: its stacks reach the driver's output before the test's deadline,
+    # and a collective that cannot finish ends as an error naming the ranks.)
+    faulthandler.dump_traceback_later(150, exit=False)
+    os.environ.setdefault("HOROVOD_COLLECTIVE_TIMEOUT_SECONDS", "60")
     sys.path.insert(0, programs)
     import ddp_train
     # Every process returns the same (TorchDistributor keeps whichever value it gets).
