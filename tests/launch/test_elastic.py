@@ -191,7 +191,7 @@ def test_every_member_failing_on_its_own_fails_the_job_at_once(tmp_path):
     with pytest.raises(ElasticError, match=r"every worker of round 0 ended with a failure of its "
                                            r"own, .* \(first: worker .*:0 ended with exit code 3"):
         d.run()
-    assert time.monotonic() - start < 15
+    assert time.monotonic() - start < 60  # (the timeout is 120 s; ~1 s alone)
     assert not any(w.proc.poll() is None for w in d.workers)
 
 
@@ -205,7 +205,7 @@ def test_a_worker_stopped_with_its_failed_host_counts_as_failed(tmp_path):
     with pytest.raises(ElasticError, match=r"every worker of round 0 .* \(first: worker "
                                            r"localhost:0 ended with exit code 3"):
         d.run()
-    assert time.monotonic() - start < 15
+    assert time.monotonic() - start < 60
 
 
 def test_reset_limit(tmp_path):

@@ -223,13 +223,13 @@ def test_elastic_a_raising_worker_fails_the_job_with_its_error(cluster):
     # the job ends at once, not after elastic_timeout (which also bounds the actors' start:
     # they import torch).
     e = elastic(min_np=2, max_np=2, elastic_timeout=60)
-    start = time.monotonic()
     with pytest.raises(HorovodRunnerError, match=r"first failure: worker .*:1 raised KeyError: "
                                                  r"'bad batch in worker .*:1'") as info:
         e.run(count_steps, kwargs={"fail": ":1$", "how": "raise"})
     assert isinstance(info.value.__cause__, RankError)
     assert "in train" in info.value.__cause__.remote_traceback
-    assert time.monotonic() - start < 40  # (2.4 s alone)
+    # (The driver's reason, not a time: under load the actors' start alone took 50 s once.)
+    assert "ended with a failure of its own, so the job fails without waiting" in str(info.value)
     with pytest.raises(ValueError, match="4 slots of 1 CPUs, fewer than min_np 5"):
         elastic(min_np=5).run(count_steps)
     # Nothing left: every actor stopped, the CPUs free again.
