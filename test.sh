@@ -51,8 +51,8 @@ scripts/build_docs.sh
 # against ~53 one after the other, but contention slowed the cross-host jobs past their bounds:
 # the chaos subset past its 8 minutes, elastic workers past a 5 s join.)
 #  3. The CPU-only configuration (no NCCL, no LibTorch, no Python module) must build and pass
-#     on its own; it is built with AddressSanitizer + UndefinedBehaviorSanitizer, so every C++
-#     test (unit, MPI, examples) also runs under them.
+#     on its own; it is built with AddressSanitizer + UndefinedBehaviorSanitizer, so the C++
+#     tests (unit, MPI at np 2 and 3, examples) also run under them.
 #  4. The threaded core (queue, background loop, executor, timeline writer; ranks simulated in
 #     one process, tests/unit/simulated_ranks_test.cc) under ThreadSanitizer, built by clang
 #     with
