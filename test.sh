@@ -83,8 +83,9 @@ stage "ctest (the PyTorch and TensorFlow lanes; the sanitizer builds compiling m
 #     checked empty (the test hosts' processes: those in their network namespaces).
 # 2c. Beside it, one at a time, ctest's tests that mostly wait (label `waiting`: launchers,
 #     Spark, Ray, faults, elastic, torch.distributed's launchers; ~670 s): the cross-host suite
-#     keeps the 2 cores only ~50 % busy, and these ~30-57 % (their own processes in this machine's namespace, which the
-#     cross-host jobs do not count as theirs). In ctest they took ~250 s, two at a time.
+#     keeps the 2 cores only ~50 % busy, and these ~30-57 % (their own processes in this
+#     machine's namespace, which the cross-host jobs do not count as theirs). In ctest they
+#     took ~310 s, two at a time.
 stage "across hosts, and ctest's waiting tests beside them (the sanitizer builds, if not done yet, compiling meanwhile)"
 setsid sh -c 'cd build && exec ctest --output-on-failure -j 1 --timeout 600 -L waiting' \
   > ctest-waiting.log 2>&1 &
