@@ -65,7 +65,7 @@ def test_torchrun_ddp_script_matches_gloo(tmp_path, np_):
         outs[backend] = torch.load(out)
         assert "cpu backend: %s" % ("gloo" if backend == "gloo" else "horovod_cpp") in text
     assert outs["horovod_cpp"]["size"] == np_
-    for backend in mixed:
+    for backend in ("horovod_cpp",) + mixed:
         assert_close(outs[backend]["params"], outs["gloo"]["params"])
 
 
