@@ -10,9 +10,8 @@ trap 'rm -rf "$work"' EXIT
 # A copy of the tracked files: the build must need nothing that only a working tree has.
 mkdir "$work/src"
 (cd "$src" && git ls-files -z | xargs -0 cp --parents -t "$work/src")
-# (ccache, where the build uses it: the sources sit in a new temporary directory each time, so
-# paths under it are hashed relative to the build directory and the directory itself not.)
-export CCACHE_BASEDIR=${TMPDIR:-/tmp} CCACHE_NOHASHDIR=true
+# (The sources sit in a new temporary directory each time; ccache, where the build uses it,
+# hashes paths relative to them: CMakeLists.txt's launcher.)
 "$python" -m build --outdir "$work/dist" "$work/src" > "$work/build.log" 2>&1 ||
   { tail -40 "$work/build.log"; echo "check_package: python -m build failed" >&2; exit 1; }
 sdist=$(ls "$work"/dist/horovod_cpp-*.tar.gz) wheel=$(ls "$work"/dist/horovod_cpp-*.whl)
