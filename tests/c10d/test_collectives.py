@@ -74,6 +74,21 @@ def test_async_work_and_future_complete_with_the_tensors():
     assert torch.equal(chained.wait(), torch.full((3,), 2.0 * total))
 
 
+def test_the_completion_thread_stops_at_exit_and_starts_again_when_needed():
+    # (it is stopped at exit: woken while the interpreter finalizes, it would abort the process)
+    from horovod_cpp.torch.distributed import backend
+    done = dist.all_reduce(torch.full((2,), float(rank())), async_op=True).get_future().wait()
+    assert torch.equal(done[0], torch.full((2,), float(sum(range(size())))))  # by the thread
+    thread = backend._COMPLETIONS._thread
+    assert thread is not None and thread.is_alive()
+    backend._COMPLETIONS.stop()
+    assert not thread.is_alive()
+    again = dist.all_reduce(torch.ones(2), async_op=True).get_future().wait()
+    assert torch.equal(again[0], torch.full((2,), float(size())))
+    assert backend._COMPLETIONS._thread is not thread
+    assert backend._COMPLETIONS._thread.is_alive()
+
+
 def test_many_async_all_reduces_in_flight_complete_in_any_wait_order():
     ts = [torch.full((i + 1,), float(rank())) for i in range(20)]
     works = [dist.all_reduce(t, async_op=True) for t in ts]

@@ -5,10 +5,11 @@ negotiates each one like any other: a rank that passes another shape, dtype or o
 skips one, gets an error naming the ranks and their call sites instead of a hang; small
 tensors are fused; the timeline shows them.
 
-Each call returns a ``Work`` whose future one thread per group completes, in the order the
-operations were started, as the core finishes them (what DDP's reducer and FSDP wait on).
+Each call returns a ``Work`` whose future one thread per process completes as the core
+finishes the operations, in the order they finish (what DDP's reducer and FSDP wait on).
 Only CPU tensors: give CUDA tensors to NCCL (``backend="cpu:horovod_cpp,cuda:nccl"``).
 """
+import atexit
 import contextlib
 import itertools
 import threading
@@ -130,11 +131,14 @@ class _Completions(object):
     they finish. What futures (DDP's reducer) wait for; a thread that waits on a Work runs the
     completion itself, without a switch to this thread."""
 
+    _STOP = -1  # the notice that ends the thread (operations' numbers count from 0)
+
     def __init__(self):
         self._lock = threading.Lock()
         self._ops = {}
         self._count = itertools.count()
         self._thread = None
+        self._stop_at_exit = False
 
     @contextlib.contextmanager
     def reserve(self):
@@ -146,6 +150,9 @@ class _Completions(object):
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name="hvd-c10d-completion")
                 self._thread.start()
+                if not self._stop_at_exit:
+                    atexit.register(self.stop)
+                    self._stop_at_exit = True
         try:
             yield op
         except BaseException:
@@ -159,13 +166,29 @@ class _Completions(object):
         with self._lock:
             self._ops.pop(token, None)
 
+    def stop(self, timeout=10.0):
+        """Ends the thread once it has completed what finished before (a later operation
+        starts it again); registered to run at exit. The thread waits in the core with the GIL
+        released: woken while the interpreter finalizes, it would take the GIL then, which ends
+        the process with "terminate called without an active exception" (what torch's own
+        ProcessGroupGloo threads do, pytorch/pytorch#179291)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        _core.post_notice(self._STOP)
+        thread.join(timeout)
+
     def _run(self):
         while True:
-            for token in _core.take_notices(-1.0):
+            tokens = _core.take_notices(-1.0)
+            for token in tokens:
                 with self._lock:
                     op = self._ops.pop(token, None)
                 if op is not None:
                     op.run()
+            if self._STOP in tokens:
+                return
 
 
 _COMPLETIONS = _Completions()
