@@ -53,24 +53,8 @@ def ddp_on(backend, programs):
         dist.destroy_process_group = real_destroy
     got.pop("rank")
     got["hosts"] = sorted(hosts)
-    if backend == "gloo":
-        # torch's own Gloo backend (the reference) can abort its process as the interpreter
-        # finalizes ("terminate called without an active exception", pytorch/pytorch#179291:
-        # a worker thread of a ProcessGroupGloo that outlives destroy_process_group takes the
-        # GIL then), even after ddp_train's gc.collect() before destroying the group. Here the
-        # process is TorchDistributor's wrapper, which returns this value and exits: one rank's
-        # abort failed its Spark task after the other had finished, and the stage's retry then
-        # waited in torchrun's rendezvous until the test's deadline (seen 2 times in ~20 runs
-        # across the test hosts). So this reference run leaves without finalizing, once its
-        # wrapper has written the value (atexit runs after that; a failure before it still
-        # raises here, before this handler exists). horovod_cpp's run finalizes normally.
-        import atexit
-
-        def leave():
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
-        atexit.register(leave)
+    if backend == "gloo":  # (the reference: torch's Gloo can abort its process at exit)
+        ddp_train.leave_without_finalizing()  # horovod_cpp's run finalizes normally
     return got
 
 
