@@ -18,12 +18,14 @@ Units: every TransformerEncoderLayer and every Embedding (the token embedding, 1
 parameters, is a unit of its own: inside the root it would stay whole through backward).
 Rank 0 prints one line:
   META_INIT mode=... np=... params=... fp32_bytes=... init_s=... [base_rss=... footprint=...
-  peak_rss=... peak_over_footprint=... growth_over_footprint=... steps=... step_s=...
-  checkpoint_s=...]
+  rest_rss=... peak_rss=... peak_over_footprint=... growth_over_footprint=...
+  peak_over_rest=... steps=... step_s=... checkpoint_s=...]
 (footprint: the parameters, gradients and AdamW state rank 0 holds, from the tensors; base_rss:
-its resident set after import torch and hvd.init(), before the model; peak_rss: its peak
-resident set over the whole run, checkpoint included; growth_over_footprint: (peak_rss -
-base_rss) / footprint). Run with MALLOC_MMAP_THRESHOLD_=131072 (glibc) as bench.sh does: with
+its resident set after import torch and hvd.init(), before the model; rest_rss: its resident
+set after the last step, what malloc holds free released (the runtime and the shards: the
+sharded process at rest); peak_rss: its peak resident set over the whole run, checkpoint
+included; growth_over_footprint: (peak_rss - base_rss) / footprint; peak_over_rest:
+peak_rss / rest_rss). Run with MALLOC_MMAP_THRESHOLD_=131072 (glibc) as bench.sh does: with
 glibc's sliding threshold, tensors of 1-32 MiB come from the heap after the first large free,
 and the heap keeps what the gathered units leave in it. The default model: 24 layers, hidden
 2048, FFN 8192, 16 heads, vocabulary 50,257: 1.31 B parameters, 5.2 GB in fp32."""
@@ -135,6 +137,9 @@ def main():
             print("step %d: %.2f s, peak RSS %.0f MiB" % (step, times[-1],
                                                        peak_bytes() / 2.0 ** 20), flush=True)
     footprint = sum(opt.held_bytes().values())
+    from horovod_cpp.adaptive.memory import release_free_memory
+    release_free_memory()
+    rest = rss_bytes()  # the runtime and this rank's shards, between steps
     ckpt_s = 0.0
     if args.checkpoint:
         t0 = time.perf_counter()
@@ -143,11 +148,12 @@ def main():
     if rank == 0:
         peak = peak_bytes()
         print("META_INIT mode=sharded3_meta np=%d params=%d fp32_bytes=%d init_s=%.2f "
-              "base_rss=%d footprint=%d peak_rss=%d peak_over_footprint=%.3f "
-              "growth_over_footprint=%.3f steps=%d step_s=%.2f checkpoint_s=%.1f"
-              % (size, params, 4 * params, init_s, base, footprint, peak, peak / footprint,
-                 (peak - base) / footprint, args.steps, sorted(times)[len(times) // 2] if times else 0.0,
-                 ckpt_s), flush=True)
+              "base_rss=%d footprint=%d rest_rss=%d peak_rss=%d peak_over_footprint=%.3f "
+              "growth_over_footprint=%.3f peak_over_rest=%.3f steps=%d step_s=%.2f "
+              "checkpoint_s=%.1f"
+              % (size, params, 4 * params, init_s, base, footprint, rest, peak,
+                 peak / footprint, (peak - base) / footprint, peak / rest, args.steps,
+                 sorted(times)[len(times) // 2] if times else 0.0, ckpt_s), flush=True)
     hvd.shutdown()
 
 
