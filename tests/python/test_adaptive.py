@@ -290,6 +290,35 @@ def test_state_loads_with_weights_only_and_round_trips():
     assert again.steps == 4
 
 
+@pytest.mark.parametrize("built", ["before", "after"])
+def test_an_lr_scheduler_built_before_or_after_the_wrap_steps_the_base_rate(built):
+    # (AdaptDL's scripts build it before and pass it in; built after, torch wraps the
+    # patched step's __func__; either way no warning, and the factor stays inside step())
+    import warnings
+    data = Indexed(16 * hvd.size())
+    model = regression(torch.zeros(D, dtype=torch.float64))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def scheduler():
+        return torch.optim.lr_scheduler.MultiStepLR(opt, [1, 2], 0.5)
+    sched = scheduler() if built == "before" else None
+    model = adl.AdaptiveDataParallel(model, opt, sched, scaling_rule=adl.LinearScale())
+    sched = sched or scheduler()
+    loader = adl.AdaptiveDataLoader(data, batch_size=2 * hvd.size())
+    rates = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. "optimizer.step() has been overridden"
+        for epoch in adl.remaining_epochs_until(3):
+            for x, y, _ in loader:
+                opt.zero_grad()
+                loss_of(model, x, y).backward()
+                opt.step()
+            rates.append(opt.param_groups[0]["lr"])
+            sched.step()
+    assert rates == [0.1, 0.05, 0.025]
+    assert model.steps == 3 * len(data) // (2 * hvd.size())
+
+
 def test_accumulator_sums_over_the_ranks():
     acc = adl.Accumulator()
     acc["loss"] += hvd.rank() + 1.0

@@ -24,6 +24,7 @@ import math
 import resource
 import threading
 import time
+import types
 
 import torch
 
@@ -390,8 +391,16 @@ class AdaptiveDataParallel(torch.nn.Module):
         opt = self.optimizer
         base_step, base_zero_grad = opt.step, opt.zero_grad
 
-        def step(*args, **kwargs):
+        def step(_opt, *args, **kwargs):
             return self._step(base_step, *args, **kwargs)
+
+        # A method, as torch's LR schedulers expect of optimizer.step: one built after this
+        # wraps step.__func__; one built before wrapped the step that this one calls, and
+        # its mark says so (without it, its first step() warns that the step was replaced;
+        # the mark is _with_counter before torch 2.2).
+        for mark in ("_wrapped_by_lr_sched", "_with_counter"):
+            if hasattr(base_step, mark):
+                setattr(step, mark, True)
 
         def zero_grad(*args, **kwargs):
             loader = CONTEXT.loader
@@ -399,7 +408,7 @@ class AdaptiveDataParallel(torch.nn.Module):
                 return None  # accumulating: keep the earlier micro-batches' gradients
             return base_zero_grad(*args, **kwargs)
 
-        opt.step, opt.zero_grad = step, zero_grad
+        opt.step, opt.zero_grad = types.MethodType(step, opt), zero_grad
 
     def _is_reduced_locally(self):
         """One rank and no hooks: the optimizer reduces nothing, so it divides nothing."""
