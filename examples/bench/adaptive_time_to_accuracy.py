@@ -16,10 +16,13 @@ learning-rate scaling, and by AdaptDL 0.2.11 itself: the same script, only the i
 
 Each run trains for a budget of --seconds (evaluation excluded), evaluating the test accuracy
 after every --eval-every training samples, and prints one JSON line (rank 0) with the trace
-(seconds, accuracy, batch at every evaluation), the final accuracy (the mean of the last three
-evaluations) and the batch sizes used. A target counts as reached where the mean of two
-consecutive evaluations reaches it. Adaptive runs start at --b0 and may grow to 32 x B0
-(AdaScale); fixed runs use one global batch with the learning rate scaled from B0's.
+(at every evaluation: seconds, accuracy, global batch, learning rate of the last step, epoch,
+measured gradient noise scale), the final accuracy (the mean of the last three evaluations)
+and the batch sizes used. A target counts as reached where the mean of two consecutive
+evaluations reaches it. Adaptive runs start at --b0 and may grow to 32 x B0 (AdaScale); fixed
+runs use one global batch with the learning rate scaled from B0's. The learning rate is
+constant unless --decay-epochs gives a MultiStepLR (stepped once per epoch of data, passed to
+AdaptiveDataParallel as AdaptDL's examples do).
 """
 import argparse
 import json
@@ -87,8 +90,11 @@ def train(args):
     scale = batch / args.b0
     lr = args.lr * (scale if args.lr_rule == "linear" else scale ** 0.5)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    # (AdaptDL's examples: a MultiStepLR stepped once per epoch of data, passed to the model)
+    milestones = [int(e) for e in args.decay_epochs.split(",")] if args.decay_epochs else []
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones, args.decay)
     rule = AdaScale() if args.mode == "adaptive" else LinearScale()
-    model = adl.AdaptiveDataParallel(model, optimizer, scaling_rule=rule)
+    model = adl.AdaptiveDataParallel(model, optimizer, scheduler, scaling_rule=rule)
     loader = adl.AdaptiveDataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch,
                                     shuffle=True, drop_last=True)
     if args.mode == "adaptive":
@@ -120,7 +126,9 @@ def train(args):
                 continue
             next_eval += args.eval_every
             trained += time.perf_counter() - start
-            trace.append((round(trained, 3), round(evaluate(), 4), batch_now))
+            trace.append((round(trained, 3), round(evaluate(), 4), batch_now,
+                          round(lr_now(optimizer, args.impl), 4), epoch,
+                          noise_scale(args.impl, args.b0)))
             # (the ranks' clocks differ: they stop together when any rank's budget is spent)
             done = any_rank(trained > args.seconds) or (
                 args.stop_at is not None and reached_at(trace, args.stop_at) is not None)
@@ -132,13 +140,39 @@ def train(args):
             trained += time.perf_counter() - start
         if done:
             break
+        scheduler.step()
     if rank == 0:
         print(json.dumps({"impl": args.impl, "mode": args.mode, "batch": batch,
-                          "lr_rule": args.lr_rule, "seed": args.seed, "ranks": size,
+                          "lr_rule": args.lr_rule, "decay_epochs": args.decay_epochs, "seed": args.seed, "ranks": size,
                           "trained": trained, "final_accuracy": final_accuracy(trace),
                           "epochs": epoch + 1, "batch_sizes": sorted(sizes),
                           "torch": torch.__version__, "trace": trace}),
               flush=True)
+
+
+def lr_now(optimizer, impl):
+    """The learning rate of the last step (horovod_cpp: the base rate times the rule's factor,
+    which applies inside step() only)."""
+    base = optimizer.param_groups[0]["lr"]
+    if impl == "horovod_cpp":
+        import horovod_cpp.torch.adaptive as adl
+        return base * (adl.stats().get("lr_factor") or 1.0)
+    return base
+
+
+def noise_scale(impl, b0):
+    """The gradient noise scale the job measures now (samples), or None."""
+    if impl == "horovod_cpp":
+        import horovod_cpp.torch.adaptive as adl
+        phi = adl.gradient_noise_scale()
+    else:  # AdaptDL's (sqr, var), var at the initial batch size (a diagnostic only)
+        try:
+            import adaptdl.torch._metrics as metrics
+            sqr, var = metrics._metrics_state().grad_params
+            phi = b0 * var / sqr
+        except Exception:
+            phi = None
+    return None if phi is None else round(float(phi), 1)
 
 
 def reached_at(trace, target):
@@ -249,6 +283,10 @@ def main():
     p.add_argument("--b0", type=int, default=32, help="the initial global batch")
     p.add_argument("--lr", type=float, default=0.05, help="the learning rate at B0")
     p.add_argument("--lr-rule", choices=["linear", "sqrt"], default="linear")
+    p.add_argument("--decay-epochs", default="",
+                   help="epochs (comma-separated) after which the learning rate is multiplied "
+                   "by --decay (a MultiStepLR stepped once per epoch of data; none by default)")
+    p.add_argument("--decay", type=float, default=0.1)
     p.add_argument("--targets", default="0.95,0.97",
                    help="--summary: test accuracies to time (comma-separated)")
     p.add_argument("--seconds", type=float, default=10.0,
