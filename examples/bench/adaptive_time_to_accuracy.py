@@ -94,7 +94,10 @@ def train(args):
     milestones = [int(e) for e in args.decay_epochs.split(",")] if args.decay_epochs else []
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones, args.decay)
     rule = AdaScale() if args.mode == "adaptive" else LinearScale()
-    model = adl.AdaptiveDataParallel(model, optimizer, scheduler, scaling_rule=rule)
+    extra = {}
+    if args.horizon_steps and args.impl == "horovod_cpp":
+        extra["horizon_samples"] = args.horizon_steps * args.b0
+    model = adl.AdaptiveDataParallel(model, optimizer, scheduler, scaling_rule=rule, **extra)
     loader = adl.AdaptiveDataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch,
                                     shuffle=True, drop_last=True)
     if args.mode == "adaptive":
@@ -143,7 +146,8 @@ def train(args):
         scheduler.step()
     if rank == 0:
         print(json.dumps({"impl": args.impl, "mode": args.mode, "batch": batch,
-                          "lr_rule": args.lr_rule, "decay_epochs": args.decay_epochs, "seed": args.seed, "ranks": size,
+                          "lr_rule": args.lr_rule, "decay_epochs": args.decay_epochs,
+                          "horizon_steps": args.horizon_steps, "seed": args.seed, "ranks": size,
                           "trained": trained, "final_accuracy": final_accuracy(trace),
                           "epochs": epoch + 1, "batch_sizes": sorted(sizes),
                           "torch": torch.__version__, "trace": trace}),
@@ -287,6 +291,9 @@ def main():
                    help="epochs (comma-separated) after which the learning rate is multiplied "
                    "by --decay (a MultiStepLR stepped once per epoch of data; none by default)")
     p.add_argument("--decay", type=float, default=0.1)
+    p.add_argument("--horizon-steps", type=int,
+                   help="horovod_cpp: the noise scale's averaging horizon in steps at B0 "
+                   "(default 1000, AdaptDL's smoothing of 0.999 a step)")
     p.add_argument("--targets", default="0.95,0.97",
                    help="--summary: test accuracies to time (comma-separated)")
     p.add_argument("--seconds", type=float, default=10.0,
