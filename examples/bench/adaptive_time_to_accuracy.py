@@ -57,8 +57,18 @@ def model_for(torch, length):
         torch.nn.Flatten(), torch.nn.Linear(32 * ((length + 3) // 4), 10))
 
 
-def train(args):
+def data_and_model(torch, path, seed):
+    """((x, y, x_test, y_test) from --make-data's file, the model seeded with ``seed``), one
+    thread for torch."""
     import numpy as np
+    torch.set_num_threads(1)
+    d = np.load(path)
+    data = tuple(torch.from_numpy(d[k]) for k in ("x", "y", "x_test", "y_test"))
+    torch.manual_seed(seed)
+    return data, model_for(torch, data[0].shape[1])
+
+
+def train(args):
     import torch
     # The port: these imports are all that differs between the two.
     if args.impl == "adaptdl":
@@ -80,12 +90,7 @@ def train(args):
             return bool(allreduce(torch.tensor([float(flag)]), op=Max, name="done").item())
     adl.init_process_group("gloo")
     rank, size = get_rank(), get_world_size()
-    torch.set_num_threads(1)
-    d = np.load(args.data)
-    x, y = torch.from_numpy(d["x"]), torch.from_numpy(d["y"])
-    x_test, y_test = torch.from_numpy(d["x_test"]), torch.from_numpy(d["y_test"])
-    torch.manual_seed(args.seed)
-    model = model_for(torch, x.shape[1])
+    (x, y, x_test, y_test), model = data_and_model(torch, args.data, args.seed)
     batch = args.b0 if args.mode == "adaptive" else args.batch
     scale = batch / args.b0
     lr = args.lr * (scale if args.lr_rule == "linear" else scale ** 0.5)

@@ -30,18 +30,12 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
-    import numpy as np
     import torch
     from torch.func import functional_call, grad, vmap
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from adaptive_time_to_accuracy import model_for
+    from adaptive_time_to_accuracy import data_and_model
 
-    torch.set_num_threads(1)
-    d = np.load(args.data)
-    x, y = torch.from_numpy(d["x"]), torch.from_numpy(d["y"])
-    x_test, y_test = torch.from_numpy(d["x_test"]), torch.from_numpy(d["y_test"])
-    torch.manual_seed(args.seed)
-    model = model_for(torch, x.shape[1])
+    (x, y, x_test, y_test), model = data_and_model(torch, args.data, args.seed)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
     def one_loss(params, xi, yi):
