@@ -259,6 +259,45 @@ def test_only_the_running_unit_and_the_next_are_whole_in_forward_and_backward():
     assert stored == 0
 
 
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_an_embedding_unit_is_not_gathered_again_for_backward(kind, monkeypatch):
+    """An embedding lookup's gradient needs the indices and the weight's shape only: a unit
+    that is one nn.Embedding is gathered for forward and not for backward (no allgather; while
+    its backward runs its weight holds one element), and training matches one process."""
+    import horovod_cpp.torch.sharding.model as stage3
+    gathers = []
+    real = stage3._allgather_into_async
+
+    def counting(shard, out, name, process_set):
+        gathers.append(name)
+        return real(shard, out, name=name, process_set=process_set)
+
+    monkeypatch.setattr(stage3, "_allgather_into_async", counting)
+    data = batches(6, 1)
+    model = make_model(tied=False)
+    hvd.shard_model(model, auto_wrap={Block, torch.nn.Embedding})
+    held = []
+
+    def on_output(module, inputs, output):  # runs after shard_model's hooks, in both passes
+        output.register_hook(lambda grad: held.append(_bytes(module.weight)))
+
+    model.embed.register_forward_hook(on_output)
+    cls, kw = OPTIMIZERS[kind]
+    opt = hvd.ShardedOptimizer(model.named_parameters(), cls, stage=3, **kw)
+    for micro in data:
+        opt.zero_grad()
+        for ids, targets in micro:
+            loss_fn(model, mine(ids), mine(targets)).backward()
+        opt.step()
+    # Its backward saw a one-element stand-in (gathered, it would be VOCAB x DIM).
+    assert held == [4] * len(data), held
+    embed = [n for n in gathers if ".embed." in n]
+    if hvd.size() > 1:  # (at one rank nothing is gathered: the slice is the whole)
+        assert len(embed) == len(data) and not any(n.endswith(".b") for n in embed), embed
+        assert any(n.endswith(".b") for n in gathers)  # (the blocks are, for their backward)
+    assert_parameters_close(full_parameters(model), train_reference(kind, data, tied=False)[0])
+
+
 def test_a_running_unit_is_one_buffer_and_at_one_rank_its_slice():
     """While a unit runs, its parameters are views of one buffer: the gathered flat at two or
     more ranks; at one rank the slice itself (nothing gathered, no second copy)."""

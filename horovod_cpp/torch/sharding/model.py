@@ -17,12 +17,14 @@ no data (``p.data`` is an empty tensor).
   unit in the order of the last forward is prefetched while this one computes. Right after the
   unit, the gathered storage is freed (kept for the root when a backward will follow).
 * Backward: a hook on the unit's outputs gathers it again before its backward runs (and
-  prefetches the unit before it); each parameter's gradient goes into the flat gradient of its
-  unit (scaled by 1/N for op=Average, and dropped at once), and once every trainable parameter
-  of a flat buffer has its gradient the buffer is reduce-scattered: each rank keeps the reduced
-  gradient of its slice only, and the gathered parameters are freed. At the end of backward the
-  reductions the hooks did not start (parameters without a gradient: zeros) are started, so
-  every rank runs the same collectives, and whatever is still gathered is freed.
+  prefetches the unit before it; a unit that is one ``nn.Embedding`` is not gathered: its
+  backward needs the indices and the weight's shape only); each parameter's gradient goes
+  into the flat gradient of its unit (scaled by 1/N for op=Average, and dropped at once), and
+  once every trainable parameter of a flat buffer has its gradient the buffer is
+  reduce-scattered: each rank keeps the reduced gradient of its slice only, and the gathered
+  parameters are freed. At the end of backward the reductions the hooks did not start
+  (parameters without a gradient: zeros) are started, so every rank runs the same
+  collectives, and whatever is still gathered is freed.
 * A rank whose forward differs from the others' (a unit it skips) waits for collectives the
   others never start: the runtime's deadlock detection ends that as an error on every rank,
   naming what each rank waits for (the collectives are named after the units' modules).
@@ -78,6 +80,20 @@ class _Unit(object):
         self.gathered = False
         self.handles = []
         self.awaiting = None  # in backward: trainable parameters whose gradient is to come
+        self.backward_needs_params = True  # False: see _backward_needs_params
+
+
+def _backward_needs_params(u):
+    """Whether unit u's backward reads its parameters' values. Not for a unit that is one
+    ``nn.Embedding`` (torch's own forward, dense) holding only its own weight: the gradient of an
+    embedding lookup needs the indices and the weight's shape only, so in backward such a unit
+    is not gathered again (its weight gets a stand-in of its shape with one element of storage;
+    the gradient autograd makes is a new dense tensor either way). For a language model's token
+    embedding that is the largest gather of the backward (vocabulary x hidden)."""
+    m = u.module
+    if type(m).forward is not torch.nn.Embedding.forward or m.sparse:
+        return True
+    return any(p is not m.weight for f in u.flats for p in f.params)
 
 
 class ShardedModel(object):
@@ -105,6 +121,8 @@ class ShardedModel(object):
             raise ValueError("shard_model: param_init_fn initialises a model built on the meta "
                              "device (or under hvd.sharded_init()); this one is built already")
         self.units = self._make_units(model, auto_wrap, deferred[0])
+        for u in self.units:
+            u.backward_needs_params = _backward_needs_params(u)
         self.flats = [f for u in self.units for f in u.flats]
         self.stats = SliceStats()  # adaptive training: the flats' gradient norms
         self._flat_index = {id(f): k for k, f in enumerate(self.flats)}
@@ -291,7 +309,19 @@ class ShardedModel(object):
         forward's order."""
         k = position + step
         if self.prefetch and 0 <= k < len(self.order):
-            self._start_gather(self.order[k], tag)
+            if step > 0 or self.order[k].backward_needs_params:
+                self._start_gather(self.order[k], tag)
+
+    def _stand_in(self, u):
+        """For a unit whose backward reads only its parameters' shapes: each parameter becomes
+        a tensor of its shape that holds one element (stride 0), freed like a gathered one."""
+        if u.gathered or u.handles:
+            self._gather(u, None)  # (gathered already, or being gathered)
+            return
+        for f in u.flats:
+            for i, p in enumerate(f.params):
+                p.data = torch.zeros((), dtype=f.dtype, device=f.device).expand(f.shapes[i])
+        u.gathered = True
 
     # ---- forward and backward hooks -------------------------------------------------------
 
@@ -340,7 +370,10 @@ class ShardedModel(object):
                 torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
             if u.awaiting is None:
                 u.awaiting = set(p for f in u.flats if f.trainable for p in f.params)
-            self._gather(u, "b")
+            if u.backward_needs_params:
+                self._gather(u, "b")
+            else:
+                self._stand_in(u)
             if u in self.order:
                 self._prefetch(len(self.order) - 1 - self.order[::-1].index(u), -1, "b")
             return grad
