@@ -17,14 +17,16 @@ MODE:
 Units: every TransformerEncoderLayer and every Embedding (the token embedding, 103 M
 parameters, is a unit of its own: inside the root it would stay whole through backward).
 Rank 0 prints one line:
-  META_INIT mode=... np=... params=... fp32_bytes=... init_s=... [base_rss=... footprint=...
-  rest_rss=... peak_rss=... peak_over_footprint=... growth_over_footprint=...
-  peak_over_rest=... steps=... step_s=... checkpoint_s=...]
+  META_INIT mode=... np=... params=... fp32_bytes=... init_s=... [base_rss=... runtime_rss=...
+  footprint=... rest_rss=... peak_rss=... peak_over_footprint=... growth_over_footprint=...
+  growth_over_runtime=... peak_over_rest=... steps=... step_s=... checkpoint_s=...]
 (footprint: the parameters, gradients and AdamW state rank 0 holds, from the tensors; base_rss:
-its resident set after import torch and hvd.init(), before the model; rest_rss: its resident
+its resident set after import torch and hvd.init(), before the model; runtime_rss: that and a
+first torch.optim optimizer of one element (which imports torch._dynamo); rest_rss: its resident
 set after the last step, what malloc holds free released (the runtime and the shards: the
 sharded process at rest); peak_rss: its peak resident set over the whole run, checkpoint
-included; growth_over_footprint: (peak_rss - base_rss) / footprint; peak_over_rest:
+included; growth_over_footprint: (peak_rss - base_rss) / footprint; growth_over_runtime:
+(peak_rss - runtime_rss) / footprint; peak_over_rest:
 peak_rss / rest_rss). Run with MALLOC_MMAP_THRESHOLD_=131072 (glibc) as bench.sh does: with
 glibc's sliding threshold, tensors of 1-32 MiB come from the heap after the first large free,
 and the heap keeps what the gathered units leave in it. The default model: 24 layers, hidden
@@ -114,6 +116,11 @@ def main():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     base = rss_bytes()
+    # torch's runtime that no model's size changes: the first torch.optim optimizer imports
+    # torch._dynamo (its add_param_group is compiler-disabled; ~900 modules, ~80 MB of memory
+    # and ~100 MB of library pages here), whichever optimizer and however the model is sharded.
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+    runtime = rss_bytes()
     start = time.perf_counter()
     with hvd.sharded_init():
         model = build().to(dtype)
@@ -148,11 +155,13 @@ def main():
     if rank == 0:
         peak = peak_bytes()
         print("META_INIT mode=sharded3_meta np=%d params=%d fp32_bytes=%d init_s=%.2f "
-              "base_rss=%d footprint=%d rest_rss=%d peak_rss=%d peak_over_footprint=%.3f "
-              "growth_over_footprint=%.3f peak_over_rest=%.3f steps=%d step_s=%.2f "
+              "base_rss=%d runtime_rss=%d footprint=%d rest_rss=%d peak_rss=%d "
+              "peak_over_footprint=%.3f growth_over_footprint=%.3f "
+              "growth_over_runtime=%.3f peak_over_rest=%.3f steps=%d step_s=%.2f "
               "checkpoint_s=%.1f"
-              % (size, params, 4 * params, init_s, base, footprint, rest, peak,
-                 peak / footprint, (peak - base) / footprint, peak / rest, args.steps,
+              % (size, params, 4 * params, init_s, base, runtime, footprint, rest, peak,
+                 peak / footprint, (peak - base) / footprint, (peak - runtime) / footprint,
+                 peak / rest, args.steps,
                  sorted(times)[len(times) // 2] if times else 0.0, ckpt_s), flush=True)
     hvd.shutdown()
 
