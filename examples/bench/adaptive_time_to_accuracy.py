@@ -19,10 +19,11 @@ after every --eval-every training samples, and prints one JSON line (rank 0) wit
 (at every evaluation: seconds, accuracy, global batch, learning rate of the last step, epoch,
 measured gradient noise scale), the final accuracy (the mean of the last three evaluations)
 and the batch sizes used. A target counts as reached where the mean of two consecutive
-evaluations reaches it. Adaptive runs start at --b0 and may grow to 32 x B0 (AdaScale); fixed
-runs use one global batch with the learning rate scaled from B0's. The learning rate is
-constant unless --decay-epochs gives a MultiStepLR (stepped once per epoch of data, passed to
-AdaptiveDataParallel as AdaptDL's examples do).
+evaluations reaches it. Adaptive runs start at --b0 and may grow to 32 x B0 (AdaScale; with
+--adaptive-rule sqrt the square-root rule, reported apart); fixed runs use one global batch
+with the learning rate scaled from B0's. The learning rate is constant unless --decay-epochs
+gives a MultiStepLR (stepped once per epoch of data, passed to AdaptiveDataParallel as
+AdaptDL's examples do).
 """
 import argparse
 import json
@@ -73,7 +74,7 @@ def train(args):
     # The port: these imports are all that differs between the two.
     if args.impl == "adaptdl":
         import adaptdl.torch as adl
-        from adaptdl.torch.scaling_rules import AdaScale, LinearScale
+        from adaptdl.torch.scaling_rules import AdaScale, LinearScale, SqrtScale
         from torch.distributed import barrier, get_rank, get_world_size
 
         def any_rank(flag):
@@ -82,7 +83,7 @@ def train(args):
             return bool(t.item())
     else:
         import horovod_cpp.torch.adaptive as adl
-        from horovod_cpp.torch.adaptive.scaling_rules import AdaScale, LinearScale
+        from horovod_cpp.torch.adaptive.scaling_rules import AdaScale, LinearScale, SqrtScale
         from horovod_cpp.torch import barrier, rank as get_rank, size as get_world_size
         from horovod_cpp.torch import Max, allreduce
 
@@ -98,7 +99,10 @@ def train(args):
     # (AdaptDL's examples: a MultiStepLR stepped once per epoch of data, passed to the model)
     milestones = [int(e) for e in args.decay_epochs.split(",")] if args.decay_epochs else []
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones, args.decay)
-    rule = AdaScale() if args.mode == "adaptive" else LinearScale()
+    if args.mode == "adaptive":
+        rule = SqrtScale() if args.adaptive_rule == "sqrt" else AdaScale()
+    else:
+        rule = LinearScale()
     extra = {}
     if args.horizon_steps and args.impl == "horovod_cpp":
         extra["horizon_samples"] = args.horizon_steps * args.b0
@@ -152,6 +156,7 @@ def train(args):
     if rank == 0:
         print(json.dumps({"impl": args.impl, "mode": args.mode, "batch": batch,
                           "lr_rule": args.lr_rule, "decay_epochs": args.decay_epochs,
+                          "adaptive_rule": args.adaptive_rule,
                           "horizon_steps": args.horizon_steps, "seed": args.seed, "ranks": size,
                           "trained": trained, "final_accuracy": final_accuracy(trace),
                           "epochs": epoch + 1, "batch_sizes": sorted(sizes),
@@ -233,7 +238,17 @@ def summary(path, targets):
         times = [math.inf if t is None else t for t in times]
         return (statistics.median(times) if times else None), times
 
-    ours = [r for r in runs if r["impl"] == "horovod_cpp" and r["mode"] == "adaptive"]
+    ours = [r for r in runs if r["impl"] == "horovod_cpp" and r["mode"] == "adaptive"
+            and r.get("adaptive_rule", "adascale") == "adascale"]
+    other = [r for r in runs if r["impl"] == "horovod_cpp" and r["mode"] == "adaptive"
+             and r.get("adaptive_rule", "adascale") != "adascale"]
+    for rule in sorted(set(r["adaptive_rule"] for r in other)):
+        rs = [r for r in other if r["adaptive_rule"] == rule]
+        print("# adaptive with --adaptive-rule %s (not in the figures): final accuracy %.4f, "
+              "seconds to %s" % (rule, statistics.median(r["final_accuracy"] or 0 for r in rs),
+                                 ", ".join("%.2f: %s" % (t, "%.2f" % m if m < math.inf else "-")
+                                           for t in targets
+                                           for m in [median_time(rs, t)[0]])))
     adaptdl = [r for r in runs if r["impl"] == "adaptdl"]
     fixed = {}
     for r in runs:
@@ -292,6 +307,8 @@ def main():
     p.add_argument("--b0", type=int, default=32, help="the initial global batch")
     p.add_argument("--lr", type=float, default=0.05, help="the learning rate at B0")
     p.add_argument("--lr-rule", choices=["linear", "sqrt"], default="linear")
+    p.add_argument("--adaptive-rule", choices=["adascale", "sqrt"], default="adascale",
+                   help="adaptive mode: AdaScale (the figures) or the square-root rule")
     p.add_argument("--decay-epochs", default="",
                    help="epochs (comma-separated) after which the learning rate is multiplied "
                    "by --decay (a MultiStepLR stepped once per epoch of data; none by default)")
