@@ -298,6 +298,59 @@ def test_an_embedding_unit_is_not_gathered_again_for_backward(kind, monkeypatch)
     assert_parameters_close(full_parameters(model), train_reference(kind, data, tied=False)[0])
 
 
+@pytest.mark.parametrize("bound", [1, 0])
+def test_reductions_in_flight_are_bounded_when_a_rank_runs_ahead(bound):
+    """Each reduce-scatter in flight keeps its unit's whole flat gradient. Rank 0 runs ahead
+    (the others sleep before each block's backward): with reductions_in_flight=1 it never has
+    more than one started and not done; with 0 (no bound) it has more, which is what the bound
+    is for. Both match one process."""
+    import time
+    import horovod_cpp.torch.sharding.model as stage3
+    if hvd.size() == 1:
+        pytest.skip("one rank reduces nothing")
+    data = batches(3, 1)
+    model = make_model(blocks=4)
+    hvd.shard_model(model, auto_wrap={Block}, reductions_in_flight=bound)
+    sharding = hvd.sharding_of(model)
+    pending = []
+    real = stage3._reducescatter_async
+
+    def counting(*args):
+        pending.append(len(sharding._reducing))  # started before this one, not yet done
+        return real(*args)
+
+    def slow(module, inputs, output):
+        if hvd.rank() != 0:
+            output.register_hook(lambda grad: time.sleep(0.1))
+
+    for block in model.blocks:
+        block.register_forward_hook(slow)
+    cls, kw = OPTIMIZERS["adamw"]
+    opt = hvd.ShardedOptimizer(model.named_parameters(), cls, stage=3, **kw)
+    stage3._reducescatter_async = counting
+    try:
+        for micro in data:
+            opt.zero_grad()
+            for ids, targets in micro:
+                loss_fn(model, mine(ids), mine(targets)).backward()
+            opt.step()
+    finally:
+        stage3._reducescatter_async = real
+    if hvd.rank() == 0:
+        if bound:
+            assert max(pending) < bound, pending
+        else:
+            assert max(pending) >= 2, pending
+    assert_parameters_close(full_parameters(model), train_reference("adamw", data,
+                                                                    blocks=4)[0])
+
+
+def test_reductions_in_flight_must_be_a_count():
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="reductions_in_flight"):
+            hvd.shard_model(make_model(), reductions_in_flight=bad)
+
+
 def test_a_running_unit_is_one_buffer_and_at_one_rank_its_slice():
     """While a unit runs, its parameters are views of one buffer: the gathered flat at two or
     more ranks; at one rank the slice itself (nothing gathered, no second copy)."""

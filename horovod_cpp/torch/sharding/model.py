@@ -32,6 +32,7 @@ no data (``p.data`` is an empty tensor).
 ``ShardedOptimizer(..., stage=3)`` steps each parameter's part of this rank's slice (views of
 the slice: parameter groups with their own hyperparameters work) and does not gather after the
 step: the next forward does."""
+import collections
 import contextlib
 
 import torch
@@ -100,9 +101,13 @@ class ShardedModel(object):
     """The sharding of one model (``model._hvd_sharded``); made by ``shard_model``."""
 
     def __init__(self, model, auto_wrap, process_set, op, backward_passes_per_step, prefetch,
-                 param_init_fn=None, device=None):
+                 param_init_fn=None, device=None, reductions_in_flight=1):
         if op not in (Average, Sum):
             raise HorovodNotSupportedError("shard_model supports op=Average and op=Sum")
+        if isinstance(reductions_in_flight, bool) or not isinstance(reductions_in_flight, int) \
+                or reductions_in_flight < 0:
+            raise ValueError("shard_model: reductions_in_flight must be an int >= 0 (0: no "
+                             "bound); got %r" % (reductions_in_flight,))
         if backward_passes_per_step <= 0:
             raise ValueError("backward_passes_per_step must be > 0")
         if not process_set.included():
@@ -142,6 +147,10 @@ class ShardedModel(object):
         self._backward_queued = False
         self.passes = {p: 0 for f in self.flats if f.trainable for p in f.params}
         self.in_flight = False
+        # Reductions started and not yet waited for, oldest first (a flat per reduction);
+        # each keeps its unit's whole flat gradient until it is done.
+        self._reducing = collections.deque()
+        self.reductions_in_flight = reductions_in_flight
         self._hooks = []
         for u in self.units:
             self._hooks.append(u.module.register_forward_pre_hook(self._make_pre_forward(u)))
@@ -294,6 +303,7 @@ class ShardedModel(object):
         for p in self.passes:
             self.passes[p] = 0
         self.in_flight = False
+        self._reducing.clear()
 
     def _free(self, u):
         """Frees unit u's gathered storage (none of its gathers may be in flight)."""
@@ -444,6 +454,8 @@ class ShardedModel(object):
         if self.size == 1:
             f.handles.append(f.grad_full)
         else:
+            while 0 < self.reductions_in_flight <= len(self._reducing):
+                self._complete_oldest(self._reducing[0])
             op = self.op if f.direct else Sum
             # (measured: a flat divided by the ranks before the reduction counts size^2 more)
             scale = 1.0 if f.direct or self.op != Average else float(self.size) ** 2
@@ -451,6 +463,7 @@ class ShardedModel(object):
             f.handles.append(_reducescatter_async(
                 f.grad_full, "sharded3.reduce.%s.%d" % (f.label, f.launched), op,
                 self.process_set, 1.0, 1.0, group))
+            self._reducing.append(f)
         f.direct = False
         f.grad_full = None  # the handle keeps it until the reduction is done
         f.launched += 1
@@ -461,9 +474,16 @@ class ShardedModel(object):
     def _drain(self, wait):
         for f in self.flats:
             while f.handles and (wait or torch.is_tensor(f.handles[0]) or poll(f.handles[0])):
-                h = f.handles.pop(0)
-                out = h if torch.is_tensor(h) else self._wait(h)
-                f.shard_grad = out if f.shard_grad is None else f.shard_grad.add_(out)
+                self._complete_oldest(f)
+
+    def _complete_oldest(self, f):
+        """Waits for flat f's oldest reduction and adds its result to f's slice gradient."""
+        h = f.handles[0]
+        out = h if torch.is_tensor(h) else self._wait(h)
+        f.handles.pop(0)
+        if not torch.is_tensor(h):
+            self._reducing.remove(f)  # (its first entry: f's reductions complete in order)
+        f.shard_grad = out if f.shard_grad is None else f.shard_grad.add_(out)
 
     def finish_reductions(self):
         """Starts the reductions no backward started, waits for all; each trainable flat's
@@ -503,6 +523,7 @@ class ShardedModel(object):
         for p in self.passes:
             self.passes[p] = 0
         self.in_flight = False
+        self._reducing.clear()
         self._backward_queued = False
 
     def relayout(self, process_set):
@@ -602,7 +623,8 @@ class ShardedModel(object):
 
 
 def shard_model(model, auto_wrap=None, process_set=global_process_set, op=Average,
-                backward_passes_per_step=1, prefetch=True, param_init_fn=None, device=None):
+                backward_passes_per_step=1, prefetch=True, param_init_fn=None, device=None,
+                reductions_in_flight=1):
     """Shards ``model``'s parameters over the ranks of ``process_set`` (in place; returns the
     model). ``auto_wrap``: which submodules gather and free their parameters on their own: a
     set of module classes, a callable ``fn(module) -> bool``, or a minimum number of
@@ -616,12 +638,18 @@ def shard_model(model, auto_wrap=None, process_set=global_process_set, op=Averag
     module's own parameters and buffers, real but unset when it is called), from rank 0's
     random state, and each rank keeps its slices, on ``device`` (default: the CPU). The same
     seed gives the same parameters as building the model whole, at any world size, when the
-    model's modules are built in the order of ``model.modules()``."""
+    model's modules are built in the order of ``model.modules()``.
+
+    ``reductions_in_flight``: at most this many gradient reduce-scatters started and not done
+    (each keeps its unit's whole flat gradient until it is); starting one more first waits for
+    the oldest. 1 (FSDP2 keeps one too) bounds backward's memory to about four units whatever
+    the ranks' skew; 0: no bound (a rank ahead of the others may hold one flat gradient per
+    unit it is ahead by)."""
     if getattr(model, "_hvd_sharded", None) is not None:
         raise ValueError("shard_model: this model is sharded already")
     model._hvd_sharded = ShardedModel(model, auto_wrap, process_set, op,
                                       backward_passes_per_step, prefetch, param_init_fn,
-                                      device)
+                                      device, reductions_in_flight)
     return model
 
 
