@@ -59,6 +59,8 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--checkpoint", help="directory for hvd.dcp.save (sharded3_meta)")
+    p.add_argument("--reductions-in-flight", type=int, default=1,
+                   help="shard_model's reductions_in_flight (0: no bound)")
     p.add_argument("--port", type=int, default=29533, help="fsdp2_meta: the rendezvous port")
     args = p.parse_args()
 
@@ -125,7 +127,8 @@ def main():
     with hvd.sharded_init():
         model = build().to(dtype)
     params = sum(q.numel() for q in model.parameters())
-    hvd.shard_model(model, auto_wrap={torch.nn.TransformerEncoderLayer, torch.nn.Embedding})
+    hvd.shard_model(model, auto_wrap={torch.nn.TransformerEncoderLayer, torch.nn.Embedding},
+                    reductions_in_flight=args.reductions_in_flight)
     hvd.allreduce(torch.zeros(1), name="bench.init.done")
     init_s = time.perf_counter() - start
     opt = hvd.ShardedOptimizer(model.named_parameters(), torch.optim.AdamW, stage=3, lr=1e-5,
