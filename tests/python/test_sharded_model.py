@@ -284,11 +284,7 @@ def test_an_embedding_unit_is_not_gathered_again_for_backward(kind, monkeypatch)
     model.embed.register_forward_hook(on_output)
     cls, kw = OPTIMIZERS[kind]
     opt = hvd.ShardedOptimizer(model.named_parameters(), cls, stage=3, **kw)
-    for micro in data:
-        opt.zero_grad()
-        for ids, targets in micro:
-            loss_fn(model, mine(ids), mine(targets)).backward()
-        opt.step()
+    train_on(model, opt, data, hvd.global_process_set)
     # Its backward saw a one-element stand-in (gathered, it would be VOCAB x DIM).
     assert held == [4] * len(data), held
     embed = [n for n in gathers if ".embed." in n]
@@ -329,11 +325,7 @@ def test_reductions_in_flight_are_bounded_when_a_rank_runs_ahead(bound):
     opt = hvd.ShardedOptimizer(model.named_parameters(), cls, stage=3, **kw)
     stage3._reducescatter_async = counting
     try:
-        for micro in data:
-            opt.zero_grad()
-            for ids, targets in micro:
-                loss_fn(model, mine(ids), mine(targets)).backward()
-            opt.step()
+        train_on(model, opt, data, hvd.global_process_set)
     finally:
         stage3._reducescatter_async = real
     if hvd.rank() == 0:
