@@ -41,9 +41,10 @@ cat setup-venv-pypi.log >&2
 trap - EXIT
 # 2a. The docs site, warnings as errors: a broken link (a page's or the README's), a page out of
 #     the table of contents, a docstring documenting a parameter its signature lacks, or an API
-#     module that no longer imports fails here (scripts/build_docs.sh; ~20 s).
-stage "the docs site"
-scripts/build_docs.sh
+#     module that no longer imports fails here (scripts/build_docs.sh; ~20-30 s of one core). It
+#     runs beside ctest's first tests (it holds no timing) and is waited for after ctest.
+scripts/build_docs.sh > build-docs.log 2>&1 &
+docs=$!
 # 3-5 and 7 compile in the background (and 6 runs there), at the lowest CPU priority, while
 # ctest (2) and the cross-host suite (2b) run: both leave much of the CPU idle (ctest -j 2 kept
 # the 2 cores 52 % busy on average here: most tests run alone, and many of them mostly wait),
@@ -71,10 +72,16 @@ scripts/build_docs.sh
 setsid sh -c 'echo 19 > /proc/self/autogroup 2>/dev/null; exec nice -n 19 scripts/build_checks.sh' \
   > build-background.log 2>&1 &
 builds=$!
-trap 'kill -- -$builds 2>/dev/null || true' EXIT
+trap 'kill -- -$builds $docs 2>/dev/null || true' EXIT
 
-stage "ctest (the PyTorch and TensorFlow lanes; the sanitizer builds compiling meanwhile)"
+stage "ctest (the PyTorch and TensorFlow lanes; the docs site and the sanitizer builds meanwhile)"
 (cd build && ctest --output-on-failure -j 2 --timeout 600 -LE waiting)
+if ! wait "$docs"; then
+  cat build-docs.log >&2
+  echo "test.sh: scripts/build_docs.sh failed (build-docs.log)" >&2
+  exit 1
+fi
+trap 'kill -- -$builds 2>/dev/null || true' EXIT
 
 # 2b. Across hosts: a test bed of 3 hosts made on this machine (network namespaces, sshd;
 #     scripts/testbed.sh), the core, collectives, process-set, join and Python suites launched
@@ -82,10 +89,9 @@ stage "ctest (the PyTorch and TensorFlow lanes; the sanitizer builds compiling m
 #     elastic suite, a Spark standalone and a Ray cluster on them; torn down afterwards,
 #     checked empty (the test hosts' processes: those in their network namespaces).
 # 2c. Beside it, one at a time, ctest's tests that mostly wait (label `waiting`: launchers,
-#     Spark, Ray, faults, elastic, torch.distributed's launchers; ~670 s): the cross-host suite
-#     keeps the 2 cores only ~50 % busy, and these ~30-57 % (their own processes in this
-#     machine's namespace, which the cross-host jobs do not count as theirs). In ctest they
-#     took ~310 s, two at a time.
+#     Spark, Ray, faults, elastic, stalls, torch.distributed's launchers; ~800 s alone): the
+#     cross-host suite keeps the 2 cores only ~50 % busy, and these ~13-59 % (their own
+#     processes in this machine's namespace, which the cross-host jobs do not count as theirs).
 stage "across hosts, and ctest's waiting tests beside them (the sanitizer builds, if not done yet, compiling meanwhile)"
 setsid sh -c 'cd build && exec ctest --output-on-failure -j 1 --timeout 600 -L waiting' \
   > ctest-waiting.log 2>&1 &
