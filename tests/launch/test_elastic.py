@@ -14,7 +14,7 @@ import pytest
 
 from horovod_cpp import _core
 from horovod_cpp.job.elastic_driver import ElasticDriver, ElasticError
-from pytest_deadline import ON_EXPIRE
+from pytest_deadline import ON_EXPIRE, descendants
 
 pytestmark = pytest.mark.skipif(not _core.gloo_built(), reason="built without Gloo")
 
@@ -227,10 +227,13 @@ def elastic_train(args, script_args, env=None, example="elastic_train.py"):
 
 
 def worker_pids(worker_id, example="elastic_train.py"):
+    """The processes of this test's job that run ``example`` as worker ``worker_id``: only
+    those below this process (a child subreaper, tests/launch/conftest.py, so a worker whose
+    parent died is still below it). Other jobs on the machine run the same examples with the
+    same worker ids: the chaos campaign's elastic runs, beside which test.sh runs this file,
+    once had a worker killed by this test (its fault then seen as never injected)."""
     pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for entry in descendants(os.getpid()):
         try:
             with open("/proc/%s/environ" % entry, "rb") as f:
                 env = f.read().split(b"\0")
