@@ -182,7 +182,10 @@ if ((hosts)); then trap 'scripts/testbed.sh down > /dev/null 2>&1 || true' EXIT;
     scripts/setup_adaptdl.sh
     tta=$(mktemp -d)
     .venv-adaptdl/bin/python examples/bench/adaptive_time_to_accuracy.py --make-data "$tta/d.npz"
-    TTA=(examples/bench/adaptive_time_to_accuracy.py --data "$tta/d.npz")
+    # --pin: each rank on a core of its own, horovod_cpp's and AdaptDL's alike (unpinned, the 4
+    # threads of 2 ranks moved over the 2 cores and a fixed configuration's samples/s varied
+    # up to 2x from run to run).
+    TTA=(examples/bench/adaptive_time_to_accuracy.py --data "$tta/d.npz" --pin)
     for seed in 0 1 2; do
       "${MPIRUN[@]}" .venv-pypi/bin/python "${TTA[@]}" --mode adaptive --seed "$seed" \
         --seconds 10 | grep '^{' >> "$tta/runs.jsonl"
