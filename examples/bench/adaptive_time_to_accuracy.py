@@ -346,7 +346,7 @@ def main():
                    help="evaluate after every this many training samples")
     p.add_argument("--launch", type=int, help="adaptdl: start this many processes")
     p.add_argument("--pin", action="store_true",
-                   help="each rank on a core of its own (rank modulo the cores it may use), "
+                   help="each rank on a core of its own (local rank modulo the cores it may use), "
                         "set before any thread starts: what mpirun's default binding does")
     p.add_argument("--summary", metavar="JSONL", help="print the figures from runs' lines")
     args = p.parse_args()
