@@ -92,11 +92,11 @@ class Targets(torch.utils.data.Dataset):
 DIM = 64
 
 
-def frozen_regression(kind, make, s, steps, b0, **adaptive):
+def frozen_regression(kind, make, s, steps, b0, wrapped=None, **adaptive):
     """Trains the Targets regression (noise s, DIM outputs on a constant feature) for
     ``steps`` steps of ``b0`` with weights frozen by lr 0 at w = mu + 1/sqrt(DIM), bias 0,
     under AdaptiveDataParallel with every step weighing the same; returns it with the last
-    step's averaged norms taken in."""
+    step's averaged norms taken in. ``wrapped(opt)`` runs once the optimizer is wrapped."""
     data = Targets(steps * b0, s)
     model = torch.nn.Linear(1, DIM).to(torch.float64)
     with torch.no_grad():
@@ -104,6 +104,8 @@ def frozen_regression(kind, make, s, steps, b0, **adaptive):
         model.bias.zero_()
     model, opt = optimizer_for(kind, model, make)
     model = adl.AdaptiveDataParallel(model, opt, horizon_samples=10 ** 9, **adaptive)
+    if wrapped is not None:
+        wrapped(opt)
     loader = adl.AdaptiveDataLoader(data, batch_size=b0, shuffle=True)
     for y in loader:
         opt.zero_grad()
@@ -133,19 +135,22 @@ def test_noise_scale_of_a_regression_with_known_noise_within_ten_percent(kind):
     assert st["noise_scale"] == phi
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_adam_preconditioned_norms_are_weighed_by_adams_update_scale(kind):
+@pytest.mark.parametrize("kind,broadcast", [(k, False) for k in KINDS] + [("distributed", True)])
+def test_adam_preconditioned_norms_are_weighed_by_adams_update_scale(kind, broadcast):
     # The regression above with Adam at lr 0 (frozen weights; the moments still update) and
     # AdamScale. Every element's averaged gradient is g_j = 1/sqrt(DIM) - s * mean(xi_j) over a
     # global batch B, so its bias-corrected second moment tends to E g_j^2 = 1/DIM + s^2/B for
     # the weight and the bias alike: each measured squared norm is weighed by
     # w^2 = 1 / (1/DIM + s^2/B) (per parameter, per bucket or per flat: the same here), so
     # |G|^2 reads 2 w^2 while the noise scale, a ratio, stays s^2 DIM. Without the weights
-    # |G|^2 would read 2.
+    # |G|^2 would read 2. ``broadcast``: the optimizer's state made first by
+    # broadcast_optimizer_state's zero-gradient step (as an elastic job's sync does), second
+    # moments of 0 that must not weigh anything by 1 / eps.
     s, steps = 0.25, 200
     b0 = 32 * hvd.size()
     model = frozen_regression(kind, lambda ps: torch.optim.Adam(ps, lr=0.0), s, steps, b0,
-                              scaling_rule=adl.AdamScale())
+                              wrapped=(lambda opt: hvd.broadcast_optimizer_state(opt, 0))
+                              if broadcast else None, scaling_rule=adl.AdamScale())
     w2 = 1.0 / (1.0 / DIM + s * s / b0)
     assert model.noise.sqr == pytest.approx(2.0 * w2, rel=0.10), (model.noise.sqr, w2)
     assert adl.gradient_noise_scale() == pytest.approx(s * s * DIM, rel=0.10)

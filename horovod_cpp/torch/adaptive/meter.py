@@ -10,8 +10,8 @@ previous step's gradient instead: two consecutive steps are two gradients of the
 The Adam preconditioner (``AdamScale``) weights parameter p's norms by w_p^2, with
 w_p = 1 / mean(sqrt(v_p / (1 - beta2^t)) + eps) over p's elements: Adam's own update scale,
 one number per parameter tensor (AdaptDL weights each element; this needs no extra pass over
-the gradients, and is refreshed after the first update and every ``refresh`` steps from the
-second moments). Under a ``ShardedOptimizer`` the core measures per bucket (stages 1 and 2) or
+the gradients, and is refreshed after the first update, while no moments are known, and
+every ``refresh`` steps from the second moments). Under a ``ShardedOptimizer`` the core measures per bucket (stages 1 and 2) or
 per flat buffer (stage 3), so the weight is one per bucket or flat, the mean over every rank's
 slices of it (their sums and counts summed by one small allreduce per refresh)."""
 import torch
@@ -52,7 +52,10 @@ class GradientMeter(object):
         """(sum over the elements of sqrt(v / (1 - beta2^t)) + eps, their count), or None
         before the optimizer's first update."""
         v, step = state.get("exp_avg_sq"), state.get("step")
-        if v is None or step is None or not v.numel():
+        if v is None or step is None or not v.numel() or not bool(v.any()):
+            # (all zero: no update has happened, though the state exists: the zero-gradient
+            # step of broadcast_optimizer_state, as an elastic job's sync takes, makes it;
+            # weighed by 1 / eps, one step's norms would outweigh all others by 1e16)
             return None
         beta2, eps = group.get("betas", (0.9, 0.999))[1], group.get("eps", 1e-8)
         t = float(step)
@@ -60,7 +63,8 @@ class GradientMeter(object):
         return float((v.double() / correction).sqrt_().add_(eps).sum()), v.numel()
 
     def _refresh_weights(self):
-        if not self.precondition or not (self._steps == 1 or self._steps % self.refresh == 0):
+        if not self.precondition or not (self._steps == 1 or self._steps % self.refresh == 0
+                                         or not self._weights):
             return
         slices = getattr(self.optimizer, "_moment_slices", None)
         if slices is not None:
