@@ -53,6 +53,11 @@ def parse_args(argv=None):
                    help="exit non-zero below this final test accuracy (for the tests)")
     p.add_argument("--expect-adapted", action="store_true",
                    help="exit non-zero unless the job changed its batch size (for the tests)")
+    p.add_argument("--simulate-oom-above", type=int, metavar="N",
+                   help="the model raises torch's OutOfMemoryError on a micro-batch of more "
+                        "than N samples (for the tests: with --elastic the job backs off)")
+    p.add_argument("--oom-rank", type=int, default=-1,
+                   help="with --simulate-oom-above: only this rank runs out (-1: every rank)")
     return p.parse_args(argv)
 
 
@@ -77,12 +82,32 @@ def plot(series, path):
     fig.savefig(path)
 
 
+class OutOfMemoryAbove(torch.nn.Module):
+    """``module``, except that a micro-batch of more than ``limit`` samples raises torch's
+    out-of-memory error (on rank ``only_rank``, or on every rank if it is -1), as a GPU would
+    at its limit."""
+
+    def __init__(self, module, limit, only_rank=-1):
+        super().__init__()
+        self.module, self.limit, self.only_rank = module, limit, only_rank
+
+    def forward(self, x):
+        if torch.is_grad_enabled() and len(x) > self.limit and \
+                self.only_rank in (-1, hvd.rank()):
+            error = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+            raise error("simulated: a micro-batch of %d samples does not fit (at most %d)"
+                        % (len(x), self.limit))
+        return self.module(x)
+
+
 def main(argv=None):
     args = parse_args(argv)
     hvd.init()
     torch.manual_seed(0)
     x_train, y_train, x_test, y_test = load_digits(args.data)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    if args.simulate_oom_above:
+        model = OutOfMemoryAbove(model, args.simulate_oom_above, args.oom_rank)
     if args.optimizer == "adam":
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr / 10)
     else:
@@ -160,6 +185,7 @@ def main(argv=None):
     if args.elastic:
         state = hvd.elastic.TorchState(model, optimizer, ledger={})
         committed = {}  # the optimizer state's checksum at the last commit
+        printed_oom = [0]  # out-of-memory back-offs reported so far
 
         def checksum():
             return sum(float(v.double().sum()) for s in optimizer.state.values()
@@ -173,6 +199,12 @@ def main(argv=None):
         state.save = save
 
         def on_reset():
+            for oom in model.out_of_memory[printed_oom[0]:]:
+                printed_oom[0] += 1
+                print("back-off: rank %d ran out of memory at micro-batch %d at step %d; "
+                      "micro-batches of at most %d from now on"
+                      % (hvd.rank(), oom["micro_batch"], oom["step"], oom["limit"]),
+                      flush=True)
             if "sum" in committed:
                 print("moments check: rank %d of %d: optimizer state equal to the last commit "
                       "%s" % (hvd.rank(), hvd.size(), checksum() == committed["sum"]),
@@ -190,8 +222,11 @@ def main(argv=None):
     if hvd.rank() == 0:
         used = sorted({s["batch_size"] for s in series})
         print("final test accuracy: %.4f (%d ranks at the end; %d steps, %.1f s; batch sizes "
-              "used: %s)" % (final, hvd.size(), len(series), time.time() - start,
-                             " ".join(map(str, used))), flush=True)
+              "used: %s%s)" % (final, hvd.size(), len(series), time.time() - start,
+                               " ".join(map(str, used)),
+                               "; micro-batches of at most %d after running out of memory at "
+                               "%d" % (model.oom_limit(), model.oom_ceiling)
+                               if model.oom_ceiling else ""), flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(series, f)

@@ -162,17 +162,41 @@ def _wrapped_internal_error(error):
     return None
 
 
+# Handlers of errors a reset can recover from on the rank that raised them (adaptive
+# training's out-of-memory back-off): ``handler(exception)`` returns why (a message) when it
+# took the error as its own and prepared the retry, else None; ``release()`` of the same
+# object, if it has one, runs once the exception and its frames are gone.
+_recoverable_error_handlers = []
+
+
+def add_recoverable_error_handler(handler):
+    """Registers ``handler`` (see above)."""
+    _recoverable_error_handlers.append(handler)
+
+
+def _recoverable(error):
+    for handler in _recoverable_error_handlers:
+        why = handler(error)
+        if why is not None:
+            return why, getattr(handler, "release", None)
+    return None, None
+
+
 def run(func):
     """Decorates ``func(state, *args, **kwargs)``: on HorovodInternalError (also as a framework
     wraps it, see ``add_internal_error_reader``) the state is restored to its last commit, on HostsUpdatedInterrupt it is kept; either way the job
     re-forms (hvd.shutdown, the driver's next round, hvd.init), the state is synced from rank
     0 (unless the interrupt says it need not be), the reset callbacks run, and ``func`` is
-    called again. Returns ``func``'s value."""
+    called again. An error that a registered handler recovers from (an out-of-memory error
+    in adaptive training, see ``add_recoverable_error_handler``) is a reset of the same kind
+    as a HorovodInternalError, started by the rank that raised it: its shutdown fails the
+    other ranks' collectives, so they reset with it. Returns ``func``'s value."""
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         skip_sync = False
         while True:
+            release = None
             try:
                 # The sync is a collective too: a rank lost during it (right after a round
                 # formed) resets like one lost while training (Horovod's sync is outside its
@@ -190,10 +214,19 @@ def run(func):
             except Exception as e:  # noqa: B902 (a framework's wrapping of the two above)
                 message = _wrapped_internal_error(e)
                 if message is None:
-                    raise
-                state.restore()
+                    why, release = _recoverable(e)
+                    if why is None:
+                        raise
+                else:
+                    state.restore()
+                    why = "HorovodInternalError: %s" % message
                 skip_sync = False
-                why = "HorovodInternalError: %s" % message
+            if release is not None:
+                # Out of the except clause: the exception's frames (a failed step's
+                # activations) are gone, and what they held can be released before the
+                # restore needs memory of its own.
+                release()
+                state.restore()
             worker().request_reset(why)
             basics.shutdown()
             basics.init()

@@ -1,6 +1,7 @@
 """The elastic driver with simulated ranks (its rounds, the order of ranks across resets,
 blacklisting, --min-np, --reset-limit, growth from the discovery script), and real elastic
 training on this host (examples/elastic_train.py) that loses a rank and gains one."""
+import math
 import os
 import re
 import signal
@@ -384,3 +385,60 @@ def test_adaptive_training_resizes_in_process_and_chooses_its_batch_again(tmp_pa
     assert all(int(twice) == 0 and int(missing) < int(ranks) for _, twice, missing, ranks
                in ledger), text
     assert float(first) - event["at"] < 30, text
+
+
+@pytest.mark.parametrize("np_,oom_rank", [(2, 1), (3, -1)], ids=["one-rank", "every-rank"])
+def test_adaptive_training_backs_off_in_process_when_a_micro_batch_runs_out_of_memory(
+        tmp_path, np_, oom_rank):
+    """examples/adaptive_train.py --elastic with a model that raises torch's out-of-memory
+    error on micro-batches above LIMIT samples (on rank 1 alone, or on every rank): each time
+    the job rolls back to its last commit in process, every rank learns the micro-batch that
+    failed (rank 0, which never ran out with --oom-rank 1, included), and the job goes on below
+    it, losing no committed state or sample."""
+    limit = 24
+    hosts = [A + ":1", B + ":1", C + ":1"][:np_]
+    script, _ = discovery(tmp_path, hosts)
+    job = elastic_train(["-np", str(np_), "--min-np", str(np_), "--max-np", str(np_),
+                         "--host-discovery-script", script],
+                        ["--elastic", "--epochs", "8", "--step-delay", "0.01",
+                         "--max-batch-size", str(96 * np_), "--commit-every", "5",
+                         "--accumulation", "--optimizer", "adam", "--ledger",
+                         "--simulate-oom-above", str(limit), "--oom-rank", str(oom_rank)],
+                        example="adaptive_train.py")
+    text = run_adaptive(job, lambda line: None)
+    print("\n".join(l for l in text.splitlines() if "back-off" in l or "final" in l))
+    final = re.search(r"final test accuracy: ([0-9.]+) \(%d ranks at the end.*micro-batches of "
+                      r"at most (\d+) after running out of memory at (\d+)\)" % np_, text)
+    assert final and float(final.group(1)) >= 0.9, text
+    allowed, ceiling = int(final.group(2)), int(final.group(3))
+    # Rank 0 holds what the ranks agreed: the least micro-batch that failed is above the
+    # model's limit (nothing that fit was forbidden), and what is allowed is below it.
+    assert allowed < ceiling and ceiling > limit, text
+    backoffs = re.findall(r"back-off: rank (\d+) ran out of memory at micro-batch (\d+) at step "
+                          r"\d+; micro-batches of at most (\d+) from now on", text)
+    failed = [int(m) for r, m, _ in backoffs if int(r) == (1 if oom_rank == 1 else 0)]
+    # Every back-off tried a smaller micro-batch than the last one that failed (none failed
+    # twice), each halving the gap between what fit and what failed: after the first, at most
+    # log2 of that gap more.
+    assert failed and all(m > limit for m in failed), text
+    assert failed == sorted(set(failed), reverse=True), text
+    assert len(failed) <= 1 + math.ceil(math.log2(failed[0] - 1)), text
+    if oom_rank == 1:
+        assert {r for r, _, _ in backoffs} == {"1"}, text
+    # The driver was told why (the other ranks' collectives fail with the rank that shut down
+    # named: "shutdown requested by rank 1", in their reset requests where the driver saw
+    # one of those first).
+    assert re.search(r"asked for a reset \(out of memory at micro-batch \d+ on rank \d", text), \
+        text
+    # Every rank's optimizer state after each reset is the last commit's.
+    moments = re.findall(r"moments check: rank \d+ of %d: optimizer state equal to the last "
+                         r"commit (\w+)" % np_, text)
+    assert len(moments) >= np_ * len(failed) and all(m == "True" for m in moments), text
+    # Every epoch's committed samples once each. (An epoch whose end was committed is
+    # checked again when a back-off rolls back to that commit: its loop is entered again and
+    # has nothing left to draw.)
+    ledger = re.findall(r"ledger: epoch (\d+): (\d+) samples, (\d+) seen twice, (\d+) missing "
+                        r"\((\d+) ranks\)", text)
+    assert {int(e) for e, _, _, _, _ in ledger} == set(range(8)), text
+    assert all(int(twice) == 0 and int(missing) < int(ranks) for _, _, twice, missing, ranks
+               in ledger), text

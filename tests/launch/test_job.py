@@ -269,7 +269,7 @@ TORCH_LAYERS = [
     ["elastic", "elastic.sampler", "elastic.state"],
     # adaptive training: the shared state, the measurements, the loader, the controller
     ["adaptive.context", "adaptive.scaling_rules"],
-    ["adaptive.meter", "adaptive.accumulator"],
+    ["adaptive.meter", "adaptive.accumulator", "adaptive.memory"],
     ["adaptive.data"],
     ["adaptive.parallel"],
     ["adaptive"],

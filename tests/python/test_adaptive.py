@@ -407,3 +407,114 @@ def test_without_an_upper_bound_the_micro_batch_stays_within_the_memory_budget()
     assert limit is not None and 2 < limit < 128, (limit, chosen)
     assert max(chosen) > 2, chosen  # it grew, and stayed within the budget:
     assert peak <= budget, ((peak - base) / 2 ** 20, chosen, model.memory.state_dict())
+
+
+def out_of_memory_error(text):
+    return (getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError)(text)
+
+
+def test_out_of_memory_errors_are_told_from_others():
+    from horovod_cpp.torch.adaptive.memory import is_out_of_memory
+    try:  # the CPU allocator's own failure (a plain RuntimeError)
+        torch.empty(1 << 50, dtype=torch.uint8)
+    except RuntimeError as e:
+        assert is_out_of_memory(e), e
+    else:
+        pytest.fail("allocating a petabyte succeeded")
+    assert is_out_of_memory(out_of_memory_error("CUDA out of memory. Tried to allocate"))
+    assert not is_out_of_memory(RuntimeError("shape mismatch"))
+    assert not is_out_of_memory(ValueError("DefaultCPUAllocator: can't allocate memory"))
+
+
+class FitsUpTo(torch.nn.Module):
+    """A regression that raises torch's out-of-memory error on a micro-batch of more than
+    ``limit`` samples (as a GPU at its limit), counting the micro-batches it ran."""
+
+    def __init__(self, limit):
+        super().__init__()
+        self.inner = regression(torch.zeros(D, dtype=torch.float64))
+        self.limit = limit
+        self.ran = []
+
+    def forward(self, x):
+        if len(x) > self.limit:
+            raise out_of_memory_error("a micro-batch of %d does not fit" % len(x))
+        self.ran.append(len(x))
+        return self.inner(x)
+
+
+def fits_up_to(limit, n, **autoscale):
+    """(the FitsUpTo model, its optimizer, the controller, a loader of B0 = 4 per rank
+    autoscaled up to 64 per rank with ``autoscale``)."""
+    torch.manual_seed(0)
+    net = FitsUpTo(limit)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    model = adl.AdaptiveDataParallel(net, opt, decide_every=10 ** 6)
+    loader = adl.AdaptiveDataLoader(Indexed(n), batch_size=4 * hvd.size(), shuffle=True)
+    loader.autoscale_batch_size(64 * hvd.size(), **autoscale)
+    return net, opt, model, loader
+
+
+def one_step(model, opt, loader):
+    """Runs the loader's next step (its micro-batches and the optimizer step); returns the
+    out-of-memory error it raised, or None."""
+    try:
+        for x, y, _ in loader:
+            opt.zero_grad()
+            loss_of(model, x, y).backward()
+            opt.step()
+            if loader.is_optim_step():
+                return None
+    except RuntimeError as e:  # (both torch's OutOfMemoryErrors are RuntimeErrors)
+        return e
+
+
+def test_a_micro_batch_that_ran_out_of_memory_is_forbidden_and_the_bound_bisects():
+    # Every rank runs out above 12 samples (so no collective is left waiting, and the test
+    # can go on in this process; hvd.elastic.run's reset is tests/launch/test_elastic.py's).
+    # After a step of 4, forced to 16, the step fails; the back-off forbids 16 and above and
+    # allows the middle of what fit and what failed: 10, in two micro-batches that keep the
+    # global batch. Each step that fits, or back-off, halves the gap: 13 fails, 11 and 12 fit,
+    # and 12, the largest that fits, is where the bound stays.
+    net, opt, model, loader = fits_up_to(12, 4000, gradient_accumulation=True)
+    assert one_step(model, opt, loader) is None  # the initial 4 per rank
+    assert model.largest_fit == 4 and model.oom_limit() is None
+    model.atomic_bsz, model.accumulation_steps = 16, 0
+    error = one_step(model, opt, loader)
+    assert error is not None and "16" in str(error)
+    assert model.back_off(ValueError("not memory")) is None  # only out-of-memory errors
+    why = model.back_off(error)
+    assert why is not None and "out of memory at micro-batch 16" in why, why
+    assert (model.oom_ceiling, model.oom_limit()) == (16, 10)
+    del error
+    model.release_memory()
+    assert all(p.grad is None for p in net.parameters())
+    assert one_step(model, opt, loader) is None
+    assert (loader.current_local_bsz, loader.accumulation_steps) == (10, 1)
+    assert net.ran[-2:] == [10, 10]  # (16 per rank before: now 2 micro-batches of 10)
+    assert model.largest_fit == 10 and model.oom_limit() == 13
+    stats = adl.stats()
+    assert stats["oom_ceiling"] == 16 and stats["oom_limit"] == 13
+    # Forced above the bound again, the next step is capped before it runs: at 13, it fails.
+    model.atomic_bsz, model.accumulation_steps = 15, 0
+    error = one_step(model, opt, loader)
+    assert error is not None and model.back_off(error) is not None
+    del error
+    assert (model.oom_ceiling, model.oom_limit()) == (13, 11)
+    for expect in (11, 12, 12):
+        model.atomic_bsz, model.accumulation_steps = 64, 0
+        assert one_step(model, opt, loader) is None and net.ran[-1] == expect
+    assert (model.largest_fit, model.oom_limit()) == (12, 12)
+    # A saved state keeps what was learned; a restore to an older one does not forget it.
+    state = model.adaptive_state.state_dict()
+    assert (state["oom_ceiling"], state["largest_fit"]) == (13, 12)
+    model.adaptive_state.load_state_dict(dict(state, oom_ceiling=None, largest_fit=4))
+    assert (model.oom_ceiling, model.largest_fit) == (13, 12)
+    # Outside a step (say, in an evaluation) an out-of-memory error is not the micro-batch's.
+    assert model.back_off(out_of_memory_error("evaluation")) is None
+
+
+def test_running_out_of_memory_at_the_least_micro_batch_allowed_is_not_backed_off():
+    net, opt, model, loader = fits_up_to(3, 400, local_bsz_bounds=(4, None))
+    error = one_step(model, opt, loader)
+    assert error is not None and model.back_off(error) is None and model.oom_ceiling is None

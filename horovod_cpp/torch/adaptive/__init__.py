@@ -27,6 +27,23 @@ from horovod_cpp.torch.adaptive.data import (AdaptiveDataLoader, current_dataloa
                                              remaining_epochs_until)
 from horovod_cpp.torch.adaptive.parallel import AdaptiveDataParallel, AdaptiveState
 from horovod_cpp.torch.adaptive.context import CONTEXT as _CONTEXT
+from horovod_cpp.common.elastic import add_recoverable_error_handler as _add_handler
+
+
+class _OutOfMemoryBackOff(object):
+    """hvd.elastic.run's handler of out-of-memory errors (AdaptiveDataParallel.back_off)."""
+
+    def __call__(self, error):
+        c = _CONTEXT.controller
+        return c.back_off(error) if c is not None else None
+
+    def release(self):
+        c = _CONTEXT.controller
+        if c is not None:
+            c.release_memory()
+
+
+_add_handler(_OutOfMemoryBackOff())
 
 
 def init_process_group(backend=None, init_method=None, world_size=None, rank=None):

@@ -221,6 +221,8 @@ class AdaptiveDataLoader(object):
                     controller.configure_step(accum)
                 for m, indices in enumerate(mine):
                     self._micro = m if training else 0
+                    if training:
+                        controller.note_micro_batch(len(indices))
                     batch = self._load(indices.tolist())
                     if m == accum:
                         # Counted before the step's last micro-batch is handed out: a commit

@@ -21,7 +21,6 @@ it finished (a flag in the averaged values).
 """
 import contextlib
 import math
-import resource
 import threading
 import time
 import types
@@ -30,32 +29,21 @@ import torch
 
 from horovod_cpp.adaptive import hints as _hints
 from horovod_cpp.adaptive.goodput import GoodputModel
-from horovod_cpp.adaptive.memory import MemoryModel, default_budget, release_free_memory
+from horovod_cpp.adaptive.memory import MemoryModel
 from horovod_cpp.adaptive.noise import NoiseScale
 from horovod_cpp.adaptive.scaling import AdamScale, AdaScale, LEGWScale
 from horovod_cpp.adaptive.throughput import Profile
-from horovod_cpp.torch.basics import Average, Max, _core, cross_size, local_size, rank, size
+from horovod_cpp.torch.basics import Average, Max, _core, cross_size, rank, size
 from horovod_cpp.torch.collectives import allreduce, allreduce_async
 from horovod_cpp.torch.compression import Compression
 from horovod_cpp.torch.optimizer import _DistributedOptimizer, _wrapping_class
 from horovod_cpp.torch.process_sets import global_process_set
 from horovod_cpp.torch.tensor_bridge import synchronize
 from horovod_cpp.torch.adaptive.context import CONTEXT, Progress
+from horovod_cpp.torch.adaptive.memory import NO_CEILING, MemoryControl, least
 from horovod_cpp.torch.adaptive.meter import GradientMeter
 
 _ADAM = (torch.optim.Adam, torch.optim.AdamW)
-
-
-def _proc_status_bytes(field):
-    """A memory field of /proc/self/status ("VmRSS", "VmHWM") in bytes, or None."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return float(line.split()[1]) * 1024.0
-    except OSError:
-        pass
-    return None
 
 
 def _distributed(optimizer, model, process_set):
@@ -95,7 +83,8 @@ class AdaptiveState(object):
                            if c.atomic_bsz is not None else None),
                 "ranks": c._ranks, "since_decision": int(c._since_decision),
                 "memory": c.memory.state_dict() if c.memory is not None else None,
-                "perf": list(c._perf) if c._perf is not None else None}
+                "perf": list(c._perf) if c._perf is not None else None,
+                "oom_ceiling": c.oom_ceiling, "largest_fit": c.largest_fit}
 
     def load_state_dict(self, state):
         c = self._c
@@ -118,12 +107,18 @@ class AdaptiveState(object):
             c.memory.load_state_dict(state["memory"])
             if c._own_memory is None:  # (a rank that joins: the mean's, until it has its own)
                 c._own_memory = (c.memory.budget, c.memory.base)
+        # What is known of the memory (the least micro-batch that ran out, the largest that
+        # completed a step) is kept where it is better than the saved: a rank rolling back
+        # after running out keeps what it learned, and the ranks agree at their next step
+        # (_agree_after_reset).
+        c.oom_ceiling = least(c.oom_ceiling, state.get("oom_ceiling"))
+        c.largest_fit = max(c.largest_fit or 0, state.get("largest_fit") or 0) or None
         c._fit = None  # a fit in flight on some ranks only: every rank starts the next alike
         c._hosts_unknown = True  # (counted again at the first step, by every rank)
         c._forget_pending()
 
 
-class AdaptiveDataParallel(torch.nn.Module):
+class AdaptiveDataParallel(MemoryControl, torch.nn.Module):
     """Wraps ``model`` for adaptive training; ``optimizer`` (a torch optimizer or an
     ``hvd.DistributedOptimizer``) then steps with the learning rate scaled for the current
     batch size. ``scaling_rule``: AdaScale (default), AdamScale (default for Adam and AdamW),
@@ -181,7 +176,12 @@ class AdaptiveDataParallel(torch.nn.Module):
         self._own_memory = None      # (this rank's budget, its base): the model's are the mean
         self._last_step_wall = None  # when the last step ended (time.time())
         self._resettable = True      # the memory high-water mark can be reset (_peak_memory)
-        self._hosts = 1              # hosts of the job (_count_hosts)
+        self.oom_ceiling = None      # the least micro-batch that ran out of memory (or None)
+        self.largest_fit = None      # the largest micro-batch that completed a step
+        self._in_flight = None       # the largest micro-batch of the step being drawn
+        self._step_loader = None     # the loader that draws it
+        self.out_of_memory = []      # this process's back-offs: step, micro-batch, ceiling
+        self._hosts = 1              # hosts of the job (_agree_after_reset)
         self._hosts_unknown = True
         self.predicted_goodput = None
         self._hints_sent = None      # when rank 0 last sent goodput hints (_publish_hints)
@@ -214,49 +214,19 @@ class AdaptiveDataParallel(torch.nn.Module):
         bounds = loader.local_bsz_bounds or (None, None)
         if self.memory is None and loader.max_batch_size is not None and bounds[1] is None:
             # No upper bound given: the largest micro-batch that fits, learned from the peaks.
-            budget = loader.memory_budget or default_budget(local_size())
+            budget = loader.memory_budget or self._default_budget()
             if budget is not None:
                 self._peak_memory()  # (resets the mark: the first step's peak is its own)
                 self.memory = MemoryModel(budget, base=self._current_memory(),
                                           monotone=not self._resettable)
                 self._own_memory = (self.memory.budget, self.memory.base)
 
-    def _device(self):
-        return next((p.device for p in self.module.parameters()), None)
-
-    def _current_memory(self):
-        device = self._device()
-        if device is not None and device.type == "cuda":
-            return float(torch.cuda.memory_allocated(device))
-        return _proc_status_bytes("VmRSS") or self._peak_memory()
-
-    def _peak_memory(self):
-        """This process's memory high-water mark since the last call, which resets it: peak
-        allocated on the GPU where the model lives, else the peak resident set (reset through
-        /proc/self/clear_refs; where that is not allowed, the lifetime peak: ``_resettable``
-        is then False)."""
-        device = self._device()
-        if device is not None and device.type == "cuda":
-            peak = float(torch.cuda.max_memory_allocated(device))
-            torch.cuda.reset_peak_memory_stats(device)
-            return peak
-        peak = _proc_status_bytes("VmHWM")
-        if peak is None:
-            self._resettable = False
-            return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0
-        if self._resettable:
-            release_free_memory()  # (the next mark starts from the memory in use: memory.py)
-            try:
-                with open("/proc/self/clear_refs", "w") as f:
-                    f.write("5")  # resets VmHWM to the current resident set (Linux 4.0+)
-            except OSError:
-                self._resettable = False
-        return peak
-
     def begin_step(self, loader):
         """The loader is about to draw a step: (atomic_bsz, accumulation_steps) for it, chosen
         again here when it is time to (see the module's docstring)."""
         self._setup(loader)
+        self._in_flight = None
+        self._step_loader = loader
         if not self._stepped:
             self.meter.discard()  # the last step did not happen (AMP skipped it)
         self._stepped = False
@@ -271,12 +241,16 @@ class AdaptiveDataParallel(torch.nn.Module):
                                  "at": time.time(), "last_step": self._last_step_wall})
         self._ranks = ranks
         if self._hosts_unknown:
-            self._count_hosts()
+            self._agree_after_reset()
+        limit = self.oom_limit()
+        over = limit is not None and self.atomic_bsz > limit
         if loader.max_batch_size is None:
             self.atomic_bsz = max(1, math.ceil(loader.batch_size / ranks))
             self.accumulation_steps = 0
-        elif resized or self._since_decision >= self.decide_every:
-            self._decide(loader, force=resized)
+            if self.oom_ceiling is not None:
+                self._cap(loader)
+        elif resized or over or self._since_decision >= self.decide_every:
+            self._decide(loader, force=resized or over)
         if _hints.active() and rank() == 0:
             self._publish_hints(loader)
         # The step is timed from here (its data loading included) to the end of its optimizer
@@ -288,14 +262,21 @@ class AdaptiveDataParallel(torch.nn.Module):
         self._timed_config = config
         return self.atomic_bsz, self.accumulation_steps
 
-    def _count_hosts(self):
+    def _agree_after_reset(self):
         """Collective, at the first step after a start or a reset on every rank alike: the
         hosts of the job (cross_size() is per rank: a host with more ranks than the others
         gives its extra ranks a smaller one; every host has a local rank 0, so the largest is
-        the count), the same on every rank, as the goodput model needs it to be."""
-        count = allreduce(torch.tensor([cross_size()], dtype=torch.int64), op=Max,
-                          name=self._stats_name + ".hosts", process_set=self.process_set)
-        self._hosts = max(1, int(count.item()))
+        the count), the same on every rank, as the goodput model needs it to be; and the least
+        micro-batch that ran out of memory on any rank (a rank that ran out knows it alone
+        until here)."""
+        mine = self.oom_ceiling if self.oom_ceiling is not None else NO_CEILING
+        got = allreduce(torch.tensor([cross_size(), -mine, self.largest_fit or 0],
+                                     dtype=torch.int64), op=Max,
+                        name=self._stats_name + ".hosts", process_set=self.process_set)
+        self._hosts = max(1, int(got[0].item()))
+        ceiling = -int(got[1].item())
+        self.oom_ceiling = ceiling if ceiling < NO_CEILING else None
+        self.largest_fit = int(got[2].item()) or None
         self._hosts_unknown = False
 
     def configure_step(self, accumulation_steps):
@@ -314,6 +295,7 @@ class AdaptiveDataParallel(torch.nn.Module):
             if force:  # no model yet: keep the global batch, re-split over the new world
                 batch = self.atomic_bsz * size() if self.atomic_bsz else loader.batch_size
                 self.atomic_bsz = max(1, math.ceil(batch / size()))
+                self._cap(loader)
             return
         model = GoodputModel(self._perf, self.noise.grad_params(loader.batch_size),
                              loader.batch_size)
@@ -324,18 +306,10 @@ class AdaptiveDataParallel(torch.nn.Module):
         if best is not None:
             self.atomic_bsz, self.accumulation_steps = best.atomic_bsz, best.accumulation_steps
             self.predicted_goodput = best.goodput
+        else:  # nothing within the bounds reaches B0 (a micro-batch ran out of memory)
+            self._cap(loader)
         self._since_decision = 0
         self._start_fit()
-
-    def _bounds(self, loader):
-        """(min, max) micro-batch: the loader's bounds, the upper one from the memory model
-        where none is given."""
-        lo, hi = loader.local_bsz_bounds or (None, None)
-        if hi is None and self.memory is not None:
-            hi = self.memory.limit()
-            if hi is not None and lo is not None:
-                hi = max(hi, lo)  # the user's lower bound is a promise the model cannot break
-        return lo, hi
 
     def _publish_hints(self, loader, interval=1.0):
         """Sends the job's goodput model to the scheduler (horovod_cpp.adaptive.hints), at
@@ -446,6 +420,7 @@ class AdaptiveDataParallel(torch.nn.Module):
                 g["lr"] = lr
         self.scale_progress += self.gain
         self.steps += 1
+        self.step_done()
         self._since_decision += 1
         self._stepped = True
         end = time.perf_counter()
@@ -617,5 +592,6 @@ class AdaptiveDataParallel(torch.nn.Module):
                 "progress": self.scale_progress, "goodput": predicted,
                 "perf_params": list(self._perf) if self._perf is not None else None,
                 "memory_limit": self.memory.limit() if self.memory is not None else None,
+                "oom_ceiling": self.oom_ceiling, "oom_limit": self.oom_limit(),
                 "sqr": self.noise.sqr if self.noise is not None else None,
                 "var": self.noise.var if self.noise is not None else None}
