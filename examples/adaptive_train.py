@@ -165,6 +165,10 @@ def main(argv=None):
                         state.commit()
             with total.synchronized():
                 loss = total["loss"] / max(1, total["n"])
+            if not total["n"]:
+                # An epoch whose end was committed, entered again after a reset rolled back
+                # to that commit: nothing left to draw, and it was reported.
+                continue
             if state is not None and args.ledger and hvd.rank() == 0:
                 seen = state.ledger.get(epoch, [])
                 print("ledger: epoch %d: %d samples, %d seen twice, %d missing (%d ranks)"
