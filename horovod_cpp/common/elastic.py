@@ -154,12 +154,18 @@ def add_internal_error_reader(reader):
     _internal_error_readers.append(reader)
 
 
+def _first_answer(callables, error):
+    """(the first of ``callables`` whose answer to ``error`` is not None, that answer), or
+    (None, None)."""
+    for c in callables:
+        answer = c(error)
+        if answer is not None:
+            return c, answer
+    return None, None
+
+
 def _wrapped_internal_error(error):
-    for reader in _internal_error_readers:
-        message = reader(error)
-        if message is not None:
-            return message
-    return None
+    return _first_answer(_internal_error_readers, error)[1]
 
 
 # Handlers of errors a reset can recover from on the rank that raised them (adaptive
@@ -175,11 +181,10 @@ def add_recoverable_error_handler(handler):
 
 
 def _recoverable(error):
-    for handler in _recoverable_error_handlers:
-        why = handler(error)
-        if why is not None:
-            return why, getattr(handler, "release", None)
-    return None, None
+    """(why, the handler's release or None) of the handler that took ``error``, or (None,
+    None)."""
+    handler, why = _first_answer(_recoverable_error_handlers, error)
+    return why, getattr(handler, "release", None)
 
 
 def run(func):

@@ -165,17 +165,19 @@ class MemoryControl(object):
         if failed is None or not is_out_of_memory(error):
             return None
         loader = self._step_loader  # (the loader's loop may have ended with the error)
-        lo = (loader.local_bsz_bounds or (None, None))[0] if loader is not None else None
+        lo = self._bounds(loader)[0] if loader is not None else None
         if failed <= max(1, lo or 1):
             return None  # nothing smaller is allowed: the error stands
         self.oom_ceiling = least(self.oom_ceiling, failed)
         self._in_flight = None
-        self.out_of_memory.append({"step": self.steps, "micro_batch": failed,
-                                   "limit": self.oom_limit(), "at": time.time()})
+        limit = self.oom_limit()
+        self.out_of_memory.append({"step": self.steps, "micro_batch": failed, "limit": limit,
+                                   "at": time.time()})
+        text = str(error)
         why = ("out of memory at micro-batch %d on rank %d (%s: %s); the job rolls back to its "
                "last commit and takes micro-batches of at most %d"
-               % (failed, rank(), type(error).__name__, str(error).splitlines()[0][:200]
-                  if str(error) else "", self.oom_limit()))
+               % (failed, rank(), type(error).__name__,
+                  text.splitlines()[0][:200] if text else "", limit))
         print("horovod_cpp.adaptive: " + why, file=sys.stderr, flush=True)
         return why
 

@@ -180,7 +180,7 @@ class AdaptiveDataParallel(MemoryControl, torch.nn.Module):
         self.largest_fit = None      # the largest micro-batch that completed a step
         self._in_flight = None       # the largest micro-batch of the step being drawn
         self._step_loader = None     # the loader that draws it
-        self.out_of_memory = []      # this process's back-offs: step, micro-batch, ceiling
+        self.out_of_memory = []      # this process's back-offs: step, micro-batch, limit, at
         self._hosts = 1              # hosts of the job (_agree_after_reset)
         self._hosts_unknown = True
         self.predicted_goodput = None
@@ -247,7 +247,7 @@ class AdaptiveDataParallel(MemoryControl, torch.nn.Module):
         if loader.max_batch_size is None:
             self.atomic_bsz = max(1, math.ceil(loader.batch_size / ranks))
             self.accumulation_steps = 0
-            if self.oom_ceiling is not None:
+            if self.oom_ceiling is not None:  # (else the loader's own bounds do not apply)
                 self._cap(loader)
         elif resized or over or self._since_decision >= self.decide_every:
             self._decide(loader, force=resized or over)
@@ -266,9 +266,9 @@ class AdaptiveDataParallel(MemoryControl, torch.nn.Module):
         """Collective, at the first step after a start or a reset on every rank alike: the
         hosts of the job (cross_size() is per rank: a host with more ranks than the others
         gives its extra ranks a smaller one; every host has a local rank 0, so the largest is
-        the count), the same on every rank, as the goodput model needs it to be; and the least
+        the count), the same on every rank, as the goodput model needs it to be; the least
         micro-batch that ran out of memory on any rank (a rank that ran out knows it alone
-        until here)."""
+        until here) and the largest that completed a step."""
         mine = self.oom_ceiling if self.oom_ceiling is not None else NO_CEILING
         got = allreduce(torch.tensor([cross_size(), -mine, self.largest_fit or 0],
                                      dtype=torch.int64), op=Max,
